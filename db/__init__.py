@@ -1,0 +1,1 @@
+"""The kernel cache and the job queue: SQLAlchemy models, migrations, queries."""

@@ -1,0 +1,1 @@
+"""Symbolic search: enumerate sGraphs, prune by abstract expressions, verify, instantiate."""

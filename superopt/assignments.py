@@ -1,0 +1,103 @@
+"""Valid assignments of an sGraph's symbols: candidate values and a backtracking enumeration.
+
+Candidates for a symbol are the divisors of the sizes it splits (DESIGN.md §6 level 2); the
+enumeration assigns symbols one at a time and checks each constraint as soon as all of its
+symbols have values, in exact integer arithmetic, so invalid branches are cut early.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping
+from math import gcd
+
+from superopt.sgraph import Constraint, SGraph
+from superopt.sizes import Size
+from superopt.targets import Target
+
+
+def divisors(n: int) -> list[int]:
+    small = [d for d in range(1, int(n**0.5) + 1) if n % d == 0]
+    return sorted(set(small + [n // d for d in small]))
+
+
+def candidates(sg: SGraph, unbounded: int = 64) -> dict[str, list[int]]:
+    """Per symbol, the divisors of every constant size it must divide (powers of two up to
+    `unbounded` for a symbol no constraint bounds)."""
+    bound: dict[str, int] = {}
+    for c in sg.info.constraints:
+        if c.kind != "divides":
+            continue
+        for mono, coeff in c.expr.terms:
+            if any(e > 0 for _, e in mono) or coeff.denominator != 1:
+                continue  # satisfiable through a symbol in the numerator: no bound from here
+            for s, e in mono:
+                if e < 0:
+                    bound[s] = gcd(bound.get(s, 0), coeff.numerator)
+    out: dict[str, list[int]] = {}
+    for s in sorted(sg.symbols):
+        out[s] = divisors(bound[s]) if s in bound else [2**i for i in range(unbounded.bit_length())]
+    return out
+
+
+def _compile(c: Constraint, target: Target) -> Callable[[Mapping[str, int]], bool]:
+    terms = [(coeff.numerator, coeff.denominator, mono) for mono, coeff in c.expr.terms]
+
+    def value(v: Mapping[str, int]) -> tuple[int, int]:
+        num, den = 0, 1
+        for cn, cd, mono in terms:
+            tn, td = cn, cd
+            for s, e in mono:
+                if e > 0:
+                    tn *= v[s] ** e
+                else:
+                    td *= v[s] ** -e
+            num, den = num * td + tn * den, den * td
+        return num, den
+
+    if c.kind == "divides":
+        return lambda v: (lambda nd: nd[0] % nd[1] == 0 and nd[0] >= nd[1])(value(v))
+    limit = target.max_blocks if c.kind == "blocks" else target.smem_per_block
+    return lambda v: (lambda nd: nd[0] <= limit * nd[1])(value(v))
+
+
+def enumerate_assignments(
+    sg: SGraph, target: Target, cands: Mapping[str, list[int]] | None = None, limit: int | None = None,
+) -> Iterator[dict[str, int]]:
+    """Every assignment (from the candidates) that meets all constraints, in a stable order."""
+    cands = cands or candidates(sg)
+    order = sorted(sg.symbols, key=lambda s: (len(cands[s]), s))
+    checks: dict[int, list[Callable[[Mapping[str, int]], bool]]] = {}
+    for c in sg.info.constraints:
+        if c.expr.is_const():
+            if not _compile(c, target)({}):
+                return
+            continue
+        last = max(order.index(s) for s in c.expr.symbols)
+        checks.setdefault(last, []).append(_compile(c, target))
+    found = 0
+    values: dict[str, int] = {}
+
+    def walk(i: int) -> Iterator[dict[str, int]]:
+        nonlocal found
+        if i == len(order):
+            found += 1
+            yield dict(values)
+            return
+        s = order[i]
+        for v in cands[s]:
+            values[s] = v
+            if all(chk(values) for chk in checks.get(i, [])):
+                yield from walk(i + 1)
+                if limit is not None and found >= limit:
+                    return
+        values.pop(s, None)
+
+    yield from walk(0)
+
+
+def first_assignment(sg: SGraph, target: Target) -> dict[str, int] | None:
+    return next(enumerate_assignments(sg, target, limit=1), None)
+
+
+def size_of(expr: Size, values: Mapping[str, int]) -> int:
+    return expr.int_value(values)

@@ -1,0 +1,71 @@
+"""Loading what users name on the command line or send to the service: programs and sGraphs.
+
+A program is a built-in workload spec (`gqa`, `gqa:ci`) or a path to a program JSON file. An
+sGraph is a path to an sGraph JSON file, or `reference` / `baseline` for a built-in workload.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from superopt import workloads
+from superopt.build import unfused_baseline
+from superopt.program import Program, ProgramError
+from superopt.sgraph import SGraph, SGraphError
+
+
+class LoadError(ValueError):
+    """A name or file that does not hold what was asked for."""
+
+
+def read_json(path: str | Path) -> Any:
+    p = Path(path)
+    if not p.is_file():
+        raise LoadError(f"no such file: {p}")
+    try:
+        return json.loads(p.read_text())
+    except json.JSONDecodeError as e:
+        raise LoadError(f"{p}: not valid JSON: {e}") from None
+
+
+def load_program(spec: str) -> Program:
+    if workloads.is_builtin(spec):
+        try:
+            return workloads.resolve(spec)
+        except KeyError as e:
+            raise LoadError(str(e.args[0])) from None
+    if not Path(spec).exists():
+        raise LoadError(
+            f"{spec!r} is neither a built-in workload ({', '.join(workloads.WORKLOADS)}) nor a program file"
+        )
+    data = read_json(spec)
+    try:
+        return Program.from_json(data)
+    except ProgramError as e:
+        raise ProgramError(f"{spec}: {e}") from None
+
+
+def load_sgraph(spec: str, program: Program, program_spec: str) -> SGraph:
+    if spec == "baseline":
+        return unfused_baseline(program)
+    if spec == "reference":
+        if not workloads.is_builtin(program_spec):
+            raise LoadError("--sgraph reference needs a built-in workload")
+        return workloads.split_name(program_spec)[0].reference(program)
+    data = read_json(spec)
+    try:
+        return SGraph.from_json(data)
+    except SGraphError as e:
+        raise SGraphError(f"{spec}: {e}") from None
+
+
+def kind_of(data: Any) -> str:
+    """'program' or 'sgraph', from a JSON document's schema field."""
+    schema = data.get("schema", "") if isinstance(data, dict) else ""
+    if schema.startswith("superopt.program/"):
+        return "program"
+    if schema.startswith("superopt.sgraph/"):
+        return "sgraph"
+    raise LoadError(f"unknown schema {schema!r}: expected a superopt program or sGraph document")

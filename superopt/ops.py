@@ -1,0 +1,212 @@
+"""The operator table: arity, attributes and shape/dtype rules for every tensor operation.
+
+One table serves the program IR, the pre-defined (library) kernels of sGraphs and the block-level
+ops of graph-defined kernels, so a shape rule is written once. Shapes are tuples of `Size`
+(concrete programs use constant sizes; block tiles use symbolic ones).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from superopt.sizes import Size, product
+
+Shape = tuple[Size, ...]
+
+UNARY = ("neg", "exp", "sqrt", "rsqrt", "square", "silu", "gelu", "relu", "sigmoid")
+BINARY = ("add", "sub", "mul", "div")
+REDUCE = ("sum", "mean", "max")
+ELEMENTWISE = frozenset(UNARY + BINARY)
+ONE = Size.const(1)
+
+
+class OpError(ValueError):
+    """An operation applied to operands or attributes it does not accept (message names why)."""
+
+
+@dataclass(frozen=True)
+class Attr:
+    kind: str  # "int", "bool", "float", "perm", "shape"
+    default: Any = None
+    required: bool = False
+
+
+@dataclass(frozen=True)
+class OpSpec:
+    name: str
+    arity: int
+    attrs: Mapping[str, Attr]
+    infer: Callable[[Sequence[Shape], Mapping[str, Any]], Shape]
+    block_level: bool  # may appear inside a block graph
+
+
+def broadcast(a: Shape, b: Shape) -> Shape:
+    """numpy broadcasting over symbolic sizes: right-aligned, equal or 1."""
+    out: list[Size] = []
+    for i in range(1, max(len(a), len(b)) + 1):
+        da = a[-i] if i <= len(a) else ONE
+        db = b[-i] if i <= len(b) else ONE
+        if da == db or db == ONE:
+            out.append(da)
+        elif da == ONE:
+            out.append(db)
+        else:
+            raise OpError(f"shapes {fmt_shape(a)} and {fmt_shape(b)} do not broadcast (dim -{i}: {da} vs {db})")
+    return tuple(reversed(out))
+
+
+def normalize_dim(dim: int, rank: int) -> int:
+    if not -rank <= dim < rank:
+        raise OpError(f"dim {dim} is out of range for a rank-{rank} tensor")
+    return dim % rank
+
+
+def fmt_shape(shape: Sequence[Size | int]) -> str:
+    return "(" + ", ".join(str(s) for s in shape) + ("," if len(shape) == 1 else "") + ")"
+
+
+def _same(shapes: Sequence[Shape], attrs: Mapping[str, Any]) -> Shape:
+    return shapes[0]
+
+
+def _binary(shapes: Sequence[Shape], attrs: Mapping[str, Any]) -> Shape:
+    return broadcast(shapes[0], shapes[1])
+
+
+def _reduce(shapes: Sequence[Shape], attrs: Mapping[str, Any]) -> Shape:
+    x = shapes[0]
+    if not x:
+        raise OpError("cannot reduce a scalar")
+    d = normalize_dim(attrs["dim"], len(x))
+    if attrs["keepdim"]:
+        return (*x[:d], ONE, *x[d + 1 :])
+    return (*x[:d], *x[d + 1 :])
+
+
+def _normalize_over_dim(shapes: Sequence[Shape], attrs: Mapping[str, Any]) -> Shape:
+    normalize_dim(attrs["dim"], len(shapes[0]))
+    return shapes[0]
+
+
+def _matmul(shapes: Sequence[Shape], attrs: Mapping[str, Any]) -> Shape:
+    a, b = shapes
+    if len(a) < 2 or len(b) < 2:
+        raise OpError(f"matmul needs operands of rank >= 2, got {fmt_shape(a)} and {fmt_shape(b)}")
+    if len(a) != len(b):
+        raise OpError(f"matmul operands must have the same rank, got {fmt_shape(a)} and {fmt_shape(b)}")
+    if a[:-2] != b[:-2]:
+        raise OpError(f"matmul batch dimensions differ: {fmt_shape(a)} @ {fmt_shape(b)}")
+    if a[-1] != b[-2]:
+        raise OpError(f"matmul inner dimensions differ: {fmt_shape(a)} @ {fmt_shape(b)} ({a[-1]} vs {b[-2]})")
+    return (*a[:-1], b[-1])
+
+
+def _transpose(shapes: Sequence[Shape], attrs: Mapping[str, Any]) -> Shape:
+    x, perm = shapes[0], attrs["perm"]
+    if sorted(perm) != list(range(len(x))):
+        raise OpError(f"perm {list(perm)} is not a permutation of the {len(x)} dims")
+    return tuple(x[p] for p in perm)
+
+
+def _reshape(shapes: Sequence[Shape], attrs: Mapping[str, Any]) -> Shape:
+    x, new = shapes[0], tuple(Size.of(s) for s in attrs["shape"])
+    if product(x) != product(new):
+        raise OpError(f"cannot reshape {fmt_shape(x)} into {fmt_shape(new)}: element counts differ")
+    return new
+
+
+def _const(shapes: Sequence[Shape], attrs: Mapping[str, Any]) -> Shape:
+    return ()
+
+
+_REDUCE_ATTRS = {"dim": Attr("int", required=True), "keepdim": Attr("bool", False)}
+
+OPS: dict[str, OpSpec] = {
+    "const": OpSpec("const", 0, {"value": Attr("float", required=True)}, _const, True),
+    "matmul": OpSpec("matmul", 2, {}, _matmul, True),
+    **{n: OpSpec(n, 2, {}, _binary, True) for n in BINARY},
+    **{n: OpSpec(n, 1, {}, _same, True) for n in UNARY},
+    **{n: OpSpec(n, 1, _REDUCE_ATTRS, _reduce, True) for n in REDUCE},
+    "rms_norm": OpSpec(
+        "rms_norm", 1, {"dim": Attr("int", -1), "eps": Attr("float", 1e-6)}, _normalize_over_dim, True
+    ),
+    "softmax": OpSpec("softmax", 1, {"dim": Attr("int", -1)}, _normalize_over_dim, True),
+    "transpose": OpSpec("transpose", 1, {"perm": Attr("perm", required=True)}, _transpose, False),
+    "reshape": OpSpec("reshape", 1, {"shape": Attr("shape", required=True)}, _reshape, False),
+}
+
+
+def spec(op: str) -> OpSpec:
+    try:
+        return OPS[op]
+    except KeyError:
+        raise OpError(f"unknown op {op!r}") from None
+
+
+def check_attrs(op: str, attrs: Mapping[str, Any]) -> dict[str, Any]:
+    """Validate and complete an op's attributes; returns them with defaults filled in."""
+    sp = spec(op)
+    unknown = set(attrs) - set(sp.attrs)
+    if unknown:
+        raise OpError(f"unexpected attribute {sorted(unknown)[0]!r} for {op}")
+    out: dict[str, Any] = {}
+    for name, a in sp.attrs.items():
+        if name not in attrs or attrs[name] is None:
+            if a.required:
+                raise OpError(f"missing attribute {name!r} for {op}")
+            out[name] = a.default
+            continue
+        out[name] = _check_attr(op, name, a.kind, attrs[name])
+    if op == "rms_norm" and not out["eps"] > 0:
+        raise OpError(f"attribute 'eps' of rms_norm must be > 0, got {out['eps']}")
+    return out
+
+
+def _check_attr(op: str, name: str, kind: str, v: Any) -> Any:
+    bad = OpError(f"attribute {name!r} of {op} must be {_KIND_TEXT[kind]}, got {v!r}")
+    if kind == "int":
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise bad
+        return v
+    if kind == "bool":
+        if not isinstance(v, bool):
+            raise bad
+        return v
+    if kind == "float":
+        if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
+            raise bad
+        return float(v)
+    if kind in ("perm", "shape"):
+        if not isinstance(v, list | tuple) or not all(isinstance(i, int) and not isinstance(i, bool) for i in v):
+            raise bad
+        if kind == "shape" and any(i <= 0 for i in v):
+            raise OpError(f"attribute {name!r} of {op} has a non-positive dimension: {list(v)}")
+        return tuple(v)
+    raise AssertionError(kind)
+
+
+_KIND_TEXT = {
+    "int": "an integer",
+    "bool": "true or false",
+    "float": "a finite number",
+    "perm": "a list of integers",
+    "shape": "a list of positive integers",
+}
+
+
+def infer_shape(op: str, shapes: Sequence[Shape], attrs: Mapping[str, Any]) -> Shape:
+    sp = spec(op)
+    if len(shapes) != sp.arity:
+        raise OpError(f"{op} takes {sp.arity} operand(s), got {len(shapes)}")
+    return sp.infer(shapes, attrs)
+
+
+def canonical_attrs(op: str, attrs: Mapping[str, Any], in_shapes: Sequence[Shape]) -> dict[str, Any]:
+    """Attributes in a form independent of spelling: dims made non-negative, tuples as lists."""
+    out = dict(attrs)
+    if "dim" in out and in_shapes:
+        out["dim"] = normalize_dim(out["dim"], len(in_shapes[0]))
+    return {k: list(v) if isinstance(v, tuple) else v for k, v in sorted(out.items())}

@@ -1,0 +1,145 @@
+"""The numpy reference: evaluate programs on float arrays, in float64 or in their declared dtype.
+
+In the declared dtype every op computes in float32 and its output is rounded to the dtype (what
+a framework running the program op by op stores); in float64 nothing is rounded. The same
+`FloatAlgebra` runs the tiles of the sGraph interpreter.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+
+from superopt.dtypes import DType, dtype
+from superopt.primitives import ArrayAlgebra, apply
+from superopt.program import Program
+
+
+class FloatAlgebra(ArrayAlgebra[np.ndarray]):
+    """Float arrays. `precision` None means exact float64; otherwise compute in float32."""
+
+    def __init__(self, precision: DType | None = None) -> None:
+        self.precision = precision
+        self.ftype = np.float64 if precision is None else np.float32
+
+    def round(self, x: np.ndarray, storage: DType | None) -> np.ndarray:
+        """Round a stored value to `storage` (no-op in float64 mode or for fp32 storage)."""
+        if self.precision is None or storage is None:
+            return x
+        return storage.round(x)
+
+    def take(self, a: np.ndarray, index: tuple[slice, ...]) -> np.ndarray:
+        return a[index]
+
+    def poison(self, shape: Sequence[int]) -> np.ndarray:
+        return np.full(tuple(shape), np.nan, dtype=self.ftype)
+
+    def put(self, buf: np.ndarray, index: tuple[slice, ...], value: np.ndarray) -> None:
+        buf[index] = value
+
+    def concat(self, parts: Sequence[np.ndarray], dim: int) -> np.ndarray:
+        return np.concatenate(parts, axis=dim)
+
+    def cast(self, x: np.ndarray) -> np.ndarray:
+        return np.asarray(x, dtype=self.ftype)
+
+    def const(self, value: float) -> np.ndarray:
+        return np.asarray(value, dtype=self.ftype)
+
+    def add(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        with np.errstate(all="ignore"):
+            return np.add(a, b, dtype=self.ftype)
+
+    def sub(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        with np.errstate(all="ignore"):
+            return np.subtract(a, b, dtype=self.ftype)
+
+    def mul(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        with np.errstate(all="ignore"):
+            return np.multiply(a, b, dtype=self.ftype)
+
+    def div(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return np.divide(a, b, dtype=self.ftype)
+
+    def neg(self, a: np.ndarray) -> np.ndarray:
+        return np.negative(a, dtype=self.ftype)
+
+    def exp(self, a: np.ndarray) -> np.ndarray:
+        with np.errstate(over="ignore"):
+            return np.exp(a, dtype=self.ftype)
+
+    def sqrt(self, a: np.ndarray) -> np.ndarray:
+        with np.errstate(invalid="ignore"):
+            return np.sqrt(a, dtype=self.ftype)
+
+    def relu(self, a: np.ndarray) -> np.ndarray:
+        return np.maximum(a, 0).astype(self.ftype)
+
+    def sum(self, a: np.ndarray, dim: int, keepdim: bool) -> np.ndarray:
+        return np.sum(a, axis=dim, keepdims=keepdim, dtype=self.ftype)
+
+    def max(self, a: np.ndarray, dim: int, keepdim: bool) -> np.ndarray:
+        return np.max(a, axis=dim, keepdims=keepdim).astype(self.ftype)
+
+    def matmul(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        with np.errstate(all="ignore"):  # inf/NaN operands propagate; callers compare results
+            return np.matmul(a.astype(self.ftype), b.astype(self.ftype))
+
+    def transpose(self, a: np.ndarray, perm: Sequence[int]) -> np.ndarray:
+        return np.transpose(a, perm)
+
+    def reshape(self, a: np.ndarray, shape: Sequence[int]) -> np.ndarray:
+        return np.reshape(a, tuple(shape))
+
+
+def evaluate(program: Program, inputs: Mapping[str, np.ndarray], exact: bool = True) -> list[np.ndarray]:
+    """Run `program`. exact=True: float64 throughout; False: the program's dtype, op by op."""
+    alg = FloatAlgebra(None if exact else dtype(program.dtype))
+    values: dict[str, np.ndarray] = {}
+    for n in program.topological():
+        if n.op == "input":
+            arr = np.asarray(inputs[n.id])
+            if arr.shape != n.shape:
+                raise ValueError(f"input {n.id!r} has shape {arr.shape}, the program declares {n.shape}")
+            values[n.id] = alg.round(alg.cast(arr), dtype(n.dtype or "f32"))
+            continue
+        args = [values[i] for i in n.inputs]
+        out = apply(alg, n.op, args, n.attrs, [program.nodes[i].shape for i in n.inputs])
+        values[n.id] = alg.round(out, dtype(n.dtype) if n.dtype else None)
+    return [values[o] for o in program.outputs]
+
+
+def random_inputs(program: Program, seed: int) -> dict[str, np.ndarray]:
+    """Fresh random inputs (never zeros), scaled so that matmul outputs stay of order one.
+
+    Each input gets its own scale in [0.5, 1] and a small offset, so that normalizations and
+    means are not accidentally near identities; an input used as the right operand of a matmul
+    is further scaled by 1/sqrt(contraction length), which keeps attention logits of order one
+    (exp without a max subtraction stays inside f16 even summed over thousands of keys). Values are
+    rounded to the input's dtype so
+    every layer sees exactly representable numbers.
+    """
+    rng = np.random.default_rng(seed)
+    scale = {n.id: 1.0 for n in program.inputs}
+    for n in program.nodes.values():
+        if n.op == "matmul" and program.nodes[n.inputs[1]].op == "input":
+            b = program.nodes[n.inputs[1]]
+            scale[b.id] = min(scale[b.id], 1.0 / np.sqrt(b.shape[-2]))
+    out: dict[str, np.ndarray] = {}
+    for n in program.inputs:
+        s = scale[n.id] * rng.uniform(0.5, 1.0)
+        x = (rng.standard_normal(n.shape) + 0.1) * s
+        x = np.where(x == 0, s, x)
+        out[n.id] = dtype(n.dtype or "f32").round(x).astype(np.float64)
+    return out
+
+
+def max_rel_err(out: np.ndarray, ref: np.ndarray) -> float:
+    """Normwise relative error max|out - ref| / max|ref|; inf when out has NaN/inf or a wrong shape."""
+    out, ref = np.asarray(out, dtype=np.float64), np.asarray(ref, dtype=np.float64)
+    if out.shape != ref.shape or not np.all(np.isfinite(out)):
+        return float("inf")
+    denom = float(np.max(np.abs(ref))) or 1.0
+    return float(np.max(np.abs(out - ref)) / denom)

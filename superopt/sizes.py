@@ -1,0 +1,232 @@
+"""Symbolic integer sizes: the grid sizes, loop ranges and tile shapes of sGraphs.
+
+A `Size` is a Laurent polynomial with rational coefficients over named symbols, kept in a
+canonical form (sorted monomials, no zero terms), so equal expressions compare and hash equal:
+`Size.parse("4096/(gx*F)") == Size.sym("F").inv() * 4096 / Size.sym("gx")`. Tile shapes are
+single monomials (a dimension divided by split factors); sums appear only in resource formulas
+such as shared-memory bytes.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from fractions import Fraction
+from functools import reduce
+
+Monomial = tuple[tuple[str, int], ...]  # sorted (symbol, nonzero exponent) pairs
+
+
+class SizeError(ValueError):
+    """A size expression that cannot be parsed, divided or evaluated."""
+
+
+def _mono_mul(a: Monomial, b: Monomial) -> Monomial:
+    exps = dict(a)
+    for s, e in b:
+        exps[s] = exps.get(s, 0) + e
+    return tuple(sorted((s, e) for s, e in exps.items() if e != 0))
+
+
+@dataclass(frozen=True)
+class Size:
+    terms: tuple[tuple[Monomial, Fraction], ...]
+
+    # -- construction -------------------------------------------------------------------
+    @staticmethod
+    def of(value: Size | int | str) -> Size:
+        if isinstance(value, Size):
+            return value
+        if isinstance(value, bool):
+            raise SizeError(f"not a size: {value!r}")
+        if isinstance(value, int):
+            return Size.const(value)
+        if isinstance(value, str):
+            return Size.parse(value)
+        raise SizeError(f"not a size: {value!r}")
+
+    @staticmethod
+    def const(value: int | Fraction) -> Size:
+        value = Fraction(value)
+        return Size((((), value),) if value != 0 else ())
+
+    @staticmethod
+    def sym(name: str) -> Size:
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
+            raise SizeError(f"bad symbol name {name!r}")
+        return Size(((((name, 1),), Fraction(1)),))
+
+    @staticmethod
+    def _from(terms: Mapping[Monomial, Fraction]) -> Size:
+        return Size(tuple(sorted(((m, c) for m, c in terms.items() if c != 0), key=lambda t: t[0])))
+
+    # -- arithmetic ---------------------------------------------------------------------
+    def __add__(self, other: Size | int) -> Size:
+        other = Size.of(other)
+        acc: dict[Monomial, Fraction] = dict(self.terms)
+        for m, c in other.terms:
+            acc[m] = acc.get(m, Fraction(0)) + c
+        return Size._from(acc)
+
+    __radd__ = __add__
+
+    def __mul__(self, other: Size | int) -> Size:
+        other = Size.of(other)
+        acc: dict[Monomial, Fraction] = {}
+        for m1, c1 in self.terms:
+            for m2, c2 in other.terms:
+                m = _mono_mul(m1, m2)
+                acc[m] = acc.get(m, Fraction(0)) + c1 * c2
+        return Size._from(acc)
+
+    __rmul__ = __mul__
+
+    def inv(self) -> Size:
+        if len(self.terms) != 1:
+            raise SizeError(f"cannot divide by the sum {self}")
+        m, c = self.terms[0]
+        return Size((((tuple((s, -e) for s, e in m)), 1 / c),))
+
+    def __truediv__(self, other: Size | int) -> Size:
+        return self * Size.of(other).inv()
+
+    def __rtruediv__(self, other: Size | int) -> Size:
+        return Size.of(other) * self.inv()
+
+    # -- queries --------------------------------------------------------------------------
+    @property
+    def symbols(self) -> frozenset[str]:
+        return frozenset(s for m, _ in self.terms for s, _ in m)
+
+    def is_const(self) -> bool:
+        return all(not m for m, _ in self.terms)
+
+    def const_value(self) -> Fraction:
+        if not self.is_const():
+            raise SizeError(f"{self} is not a constant")
+        return self.terms[0][1] if self.terms else Fraction(0)
+
+    def evaluate(self, values: Mapping[str, int]) -> Fraction:
+        missing = self.symbols - set(values)
+        if missing:
+            raise SizeError(f"no value for {', '.join(sorted(missing))} in {self}")
+        total = Fraction(0)
+        for m, c in self.terms:
+            total += c * reduce(lambda acc, se: acc * Fraction(values[se[0]]) ** se[1], m, Fraction(1))
+        return total
+
+    def substitute(self, values: Mapping[str, Size | int]) -> Size:
+        out = Size.const(0)
+        for m, c in self.terms:
+            term = Size.const(c)
+            for s, e in m:
+                base = Size.of(values[s]) if s in values else Size.sym(s)
+                for _ in range(abs(e)):
+                    term = term * base if e > 0 else term / base
+            out = out + term
+        return out
+
+    def int_value(self, values: Mapping[str, int] | None = None) -> int:
+        v = self.evaluate(values or {})
+        if v.denominator != 1:
+            raise SizeError(f"{self} = {v} is not an integer")
+        return int(v)
+
+    # -- text ---------------------------------------------------------------------------
+    def __str__(self) -> str:
+        if not self.terms:
+            return "0"
+        return " + ".join(_term_str(m, c) for m, c in self.terms)
+
+    def __repr__(self) -> str:
+        return f"Size({str(self)!r})"
+
+    @staticmethod
+    def parse(text: str) -> Size:
+        return _Parser(text).parse()
+
+
+def _term_str(m: Monomial, c: Fraction) -> str:
+    num = [s if e == 1 else f"{s}^{e}" for s, e in m if e > 0]
+    den = [s if e == -1 else f"{s}^{-e}" for s, e in m if e < 0]
+    if c.numerator != 1 or not num:
+        num.insert(0, str(c.numerator))
+    if c.denominator != 1:
+        den.insert(0, str(c.denominator))
+    text = "*".join(num)
+    if den:
+        text += "/" + (den[0] if len(den) == 1 else "(" + "*".join(den) + ")")
+    return text
+
+
+class _Parser:
+    """expr := term ('+' term)* ; term := factor (('*'|'/') factor)* ; factor := atom ('^' int)?"""
+
+    _token = re.compile(r"\s*(?:(\d+)|([A-Za-z_][A-Za-z0-9_]*)|(.))")
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+        self.tokens = [m.group(1) or m.group(2) or m.group(3) for m in self._token.finditer(text)]
+        self.tokens = [t for t in self.tokens if t and not t.isspace()]
+        self.i = 0
+
+    def fail(self, why: str) -> SizeError:
+        return SizeError(f"bad size expression {self.text!r}: {why}")
+
+    def peek(self) -> str | None:
+        return self.tokens[self.i] if self.i < len(self.tokens) else None
+
+    def take(self) -> str:
+        tok = self.peek()
+        if tok is None:
+            raise self.fail("unexpected end")
+        self.i += 1
+        return tok
+
+    def parse(self) -> Size:
+        if not self.tokens:
+            raise self.fail("empty")
+        value = self.expr()
+        if self.peek() is not None:
+            raise self.fail(f"unexpected {self.peek()!r}")
+        return value
+
+    def expr(self) -> Size:
+        value = self.term()
+        while self.peek() == "+":
+            self.take()
+            value = value + self.term()
+        return value
+
+    def term(self) -> Size:
+        value = self.factor()
+        while self.peek() in ("*", "/"):
+            op = self.take()
+            rhs = self.factor()
+            value = value * rhs if op == "*" else value / rhs
+        return value
+
+    def factor(self) -> Size:
+        tok = self.take()
+        if tok == "(":
+            value = self.expr()
+            if self.take() != ")":
+                raise self.fail("missing ')'")
+        elif tok.isdigit():
+            value = Size.const(int(tok))
+        elif re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", tok):
+            value = Size.sym(tok)
+        else:
+            raise self.fail(f"unexpected {tok!r}")
+        if self.peek() == "^":
+            self.take()
+            exp = self.take()
+            if not exp.isdigit():
+                raise self.fail("exponent must be a non-negative integer")
+            value = reduce(lambda a, _: a * value, range(int(exp) - 1), value) if int(exp) else Size.const(1)
+        return value
+
+
+def product(sizes: Iterable[Size | int]) -> Size:
+    return reduce(lambda a, b: a * Size.of(b), sizes, Size.const(1))

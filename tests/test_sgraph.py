@@ -1,0 +1,284 @@
+"""sGraph IR and interpreter: references and baselines match the program, wrong maps show."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import numpy as np
+import pytest
+
+from superopt import Program, workloads
+from superopt.assignments import candidates, enumerate_assignments
+from superopt.build import SGraphBuilder, unfused_baseline
+from superopt.dtypes import dtype
+from superopt.instantiate import InstantiationError, instantiate, parse_params
+from superopt.interpreter import run_float
+from superopt.mutations import mutants
+from superopt.reference import evaluate, max_rel_err, random_inputs
+from superopt.render import render_sgraph
+from superopt.sgraph import SGraph, SGraphError, check_matches
+from superopt.sizes import Size
+
+NAMES = list(workloads.WORKLOADS)
+
+
+def spread(assigns: list[dict[str, int]], k: int) -> list[dict[str, int]]:
+    """k assignments spread over the list: the first, the last and evenly between."""
+    if len(assigns) <= k:
+        return assigns
+    idx = sorted({round(i * (len(assigns) - 1) / (k - 1)) for i in range(k)})
+    return [assigns[i] for i in idx]
+
+
+def error_of(program: Program, sg: SGraph, values: dict[str, int], h100, seed: int) -> float:
+    inputs = random_inputs(program, seed)
+    ref = evaluate(program, inputs)
+    outs = run_float(instantiate(sg, values, h100), inputs)
+    return max(max_rel_err(o, r) for o, r in zip(outs, ref, strict=True))
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_reference_matches_program_at_several_instantiations(name, h100):
+    program, ref = workloads.reference_for(f"{name}:ci")
+    check_matches(ref, program)
+    assigns = list(enumerate_assignments(ref, h100))
+    chosen = spread(assigns, 4)
+    assert len(chosen) >= 3 or name == "ntrans"
+    tol = dtype(program.dtype).tolerance
+    for i, values in enumerate(chosen):
+        assert error_of(program, ref, values, h100, seed=100 + i) <= tol, values
+    # At least one instantiation with a size that is not a power of two, where the shapes allow.
+    odd = [v for v in assigns if any(x & (x - 1) for x in v.values())]
+    if odd:
+        assert error_of(program, ref, odd[len(odd) // 2], h100, seed=7) <= tol
+
+
+def test_ntrans_reference_at_three_row_splits(h100):
+    program, ref = workloads.reference_for("ntrans:ci")
+    values = [v for v in enumerate_assignments(ref, h100)]
+    assert [v["gx"] for v in values] == [1, 2, 3, 6]
+    for v in values[1:]:
+        assert error_of(program, ref, v, h100, seed=v["gx"]) <= dtype("f16").tolerance
+
+
+SHAPES = {
+    "rmsnorm_matmul": [{"n": 4, "d": 64, "e": 48}, {"n": 3, "d": 40, "e": 24}, {"n": 8, "d": 32, "e": 16}],
+    "gated_mlp": [{"n": 4, "d": 64, "e": 48}, {"n": 3, "d": 40, "e": 24}, {"n": 8, "d": 32, "e": 16}],
+    "rmsnorm_mlp": [{"n": 4, "d": 64, "e": 48}, {"n": 3, "d": 40, "e": 24}, {"n": 8, "d": 32, "e": 16}],
+    "lora": [{"n": 4, "d": 32, "e": 48, "r": 8}, {"n": 2, "d": 24, "e": 40, "r": 4}, {"n": 6, "d": 16, "e": 16, "r": 2}],
+    "gqa": [{"b": 2, "m": 8, "n": 64, "dh": 16}, {"b": 1, "m": 3, "n": 24, "dh": 8}, {"b": 3, "m": 4, "n": 32, "dh": 12}],
+    "qknorm_gqa": [{"b": 2, "m": 8, "n": 64, "dh": 16, "qk_norm": True}, {"b": 1, "m": 3, "n": 24, "dh": 8, "qk_norm": True},
+                   {"b": 3, "m": 4, "n": 32, "dh": 12, "qk_norm": True}],
+    "ntrans": [{"n": 6, "d": 64}, {"n": 3, "d": 40}, {"n": 5, "d": 16}],
+}
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_baseline_and_reference_match_at_three_shapes(name, h100):
+    w = workloads.get(name)
+    for i, sizes in enumerate(SHAPES[name]):
+        program = w.build(**sizes)
+        base = unfused_baseline(program)
+        check_matches(base, program)
+        assert base.symbols == frozenset()
+        tol = dtype(program.dtype).tolerance
+        assert error_of(program, base, {}, h100, seed=i) <= tol
+        ref = w.reference(program)
+        values = spread(list(enumerate_assignments(ref, h100)), 3)[-1]
+        assert error_of(program, ref, values, h100, seed=10 + i) <= tol, (sizes, values)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_json_round_trip_and_rendering(name):
+    program, ref = workloads.reference_for(f"{name}:ci")
+    for sg in (ref, unfused_baseline(program)):
+        again = SGraph.loads(sg.dumps())
+        assert again.to_json() == sg.to_json()
+        assert again.info.shapes == sg.info.shapes
+        text = render_sgraph(sg)
+        assert sg.name in text and all(k.id in text for k in sg.kernels)
+
+
+def test_symbolic_tile_shapes_and_constraints():
+    _, ref = workloads.reference_for("rmsnorm_matmul")
+    blk = ref.info.blocks["k0"]
+    assert blk.shapes["W_t"] == (Size.parse("4096/F"), Size.parse("6144/gx"))
+    assert blk.storage["b1"] is None  # matmul added straight into its accumulator
+    exprs = {str(c.expr) for c in ref.info.constraints if c.kind == "divides"}
+    assert exprs == {"4096/F", "6144/gx"}
+    smem = next(c for c in ref.info.constraints if c.kind == "smem").expr
+    # X tile (f16) + its squares (f32, read by a reduction) + W tile (f16) + the mean (f32)
+    # + the two accumulators (f32) + sqrt of the mean (f32, broadcast by the division).
+    x, sq, w, mean, acc, acc2, root = 2 * 64 * 2, 2 * 64 * 4, 64 * 64 * 2, 2 * 4, 2 * 64 * 4, 2 * 4, 2 * 4
+    assert smem.evaluate({"gx": 96, "F": 64}) == x + sq + w + mean + acc + acc2 + root
+
+
+# -- wrong variants -----------------------------------------------------------------------------
+
+
+def _matmul_program() -> Program:
+    p = Program("mm")
+    x = p.input("X", (8, 8), "f32")
+    w = p.input("W", (8, 8), "f32")
+    p.output(p.op("matmul", x, w, name="O"))
+    return p
+
+
+def _matmul_sgraph(x_map=(0, None), x_f=1, w_map=(None, 1), w_f=0, o_map=(0, 1), acc="sum", swap=False) -> SGraph:
+    b = SGraphBuilder.for_program(_matmul_program())
+    k = b.graph(grid=[("x", 2), ("y", 2)], loop=("f", 2))
+    xt, wt = k.input("X", x_map, x_f), k.input("W", w_map, w_f)
+    k.output(k.acc(k.op("matmul", *((wt, xt) if swap else (xt, wt))), acc), "O", o_map)
+    return b.build(["O"])
+
+
+def _mul_program() -> Program:
+    p = Program("mul")
+    x = p.input("X", (8, 8), "f32")
+    y = p.input("Y", (8, 8), "f32")
+    p.output(p.op("mul", x, y, name="O"))
+    return p
+
+
+def _mul_sgraph(x_map=(0, 1), y_map=(0, 1), y_f=None, loop=1, o_map=(0, 1), acc="sum") -> SGraph:
+    b = SGraphBuilder.for_program(_mul_program())
+    k = b.graph(grid=[("x", 2), ("y", 2)], loop=("f", loop))
+    xt, yt = k.input("X", x_map, None), k.input("Y", y_map, y_f)
+    k.output(k.acc(k.op("mul", xt, yt), acc), "O", o_map)
+    return b.build(["O"])
+
+
+WRONG = {
+    "X imap on the wrong dim (cols), loop on rows": lambda: _matmul_sgraph(x_map=(1, None), x_f=0),
+    "W split on the wrong dim by y": lambda: _matmul_sgraph(w_map=(None, 0), w_f=1),
+    "W split by the wrong grid axis": lambda: _matmul_sgraph(w_map=(1, None)),
+    "X split by the wrong grid axis": lambda: _matmul_sgraph(x_map=(None, 0)),
+    "W tiled by the grid where the loop belongs": lambda: _matmul_sgraph(w_map=(0, 1), w_f=None),
+    "omap transposed": lambda: _matmul_sgraph(o_map=(1, 0)),
+    "mean accumulator where sum belongs": lambda: _matmul_sgraph(acc="mean"),
+    "matmul operands swapped": lambda: _matmul_sgraph(swap=True),
+    "elementwise: Y replicated by x (walked by the loop) instead of split": lambda: _mul_sgraph(y_map=(None, 1), y_f=0, loop=2),
+    "elementwise: X imap transposed": lambda: _mul_sgraph(x_map=(1, 0)),
+    "elementwise: omap transposed": lambda: _mul_sgraph(o_map=(1, 0)),
+    "elementwise: sum over a loop that re-reads the same tile": lambda: _mul_sgraph(loop=2),
+}
+
+
+def test_correct_hand_written_variants_pass(h100):
+    assert error_of(_matmul_program(), _matmul_sgraph(), {}, h100, seed=0) < 1e-6
+    assert error_of(_mul_program(), _mul_sgraph(), {}, h100, seed=0) < 1e-6
+
+
+@pytest.mark.parametrize("what", list(WRONG))
+def test_wrong_variant_is_shown_wrong_by_the_interpreter(what, h100):
+    sg = WRONG[what]()
+    program = _matmul_program() if sg.inputs[1].id == "W" else _mul_program()
+    check_matches(sg, program)
+    assert error_of(program, sg, {}, h100, seed=3) > 0.05
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_generated_mutants_of_references_are_shown_wrong(name, h100):
+    """At least ten automatically generated variants of every reference fail in the interpreter."""
+    program, ref = workloads.reference_for(f"{name}:ci")
+    shown = 0
+    for _, m in mutants(ref, program)[:24]:
+        assigns = list(enumerate_assignments(m, h100))
+        if assigns and max(error_of(program, m, v, h100, seed=5) for v in spread(assigns, 2)) > 0.05:
+            shown += 1
+    assert shown >= 10
+
+
+# -- constraints --------------------------------------------------------------------------------
+
+
+def test_instantiation_refuses_broken_constraints_by_name(h100):
+    _, ref = workloads.reference_for("rmsnorm_matmul")
+    with pytest.raises(InstantiationError, match=r"input 'W_t' \(W\) dim 1 \(6144\) must divide evenly by x \(gx\) \(it gives 6144/5\)"):
+        instantiate(ref, {"gx": 5, "F": 64}, h100)
+    with pytest.raises(InstantiationError, match=r"input 'X_t' .* dim 1 .* the loop f") as e:
+        instantiate(ref, {"gx": 96, "F": 3}, h100)
+    assert e.value.constraint is not None and e.value.constraint.kind == "divides"
+    with pytest.raises(InstantiationError, match="6144 blocks exceed the cap of 4096"):
+        instantiate(ref, {"gx": 6144, "F": 64}, h100)
+    with pytest.raises(InstantiationError, match=r"shared memory \d+ bytes exceeds h100's 232448 bytes"):
+        instantiate(ref, {"gx": 1, "F": 1}, h100)
+    with pytest.raises(InstantiationError, match="no value for F"):
+        instantiate(ref, {"gx": 96}, h100)
+    with pytest.raises(InstantiationError, match="unknown parameter"):
+        instantiate(ref, {"gx": 96, "F": 64, "gy": 2}, h100)
+    with pytest.raises(InstantiationError, match="must be a positive integer"):
+        instantiate(ref, {"gx": 96, "F": 0}, h100)
+    with pytest.raises(InstantiationError, match="not an integer"):
+        parse_params("gx=two")
+
+
+def test_candidates_are_divisors_of_what_the_symbol_splits():
+    _, ref = workloads.reference_for("rmsnorm_matmul")
+    c = candidates(ref)
+    assert c["gx"] == [d for d in range(1, 6145) if 6144 % d == 0]
+    assert c["F"] == [2**i for i in range(13)]
+
+
+# -- malformed sGraphs --------------------------------------------------------------------------
+
+
+def _ref_json() -> dict:
+    return workloads.reference_for("rmsnorm_matmul:ci")[1].to_json()
+
+
+def _edit(fn):
+    d = copy.deepcopy(_ref_json())
+    fn(d["kernels"][0])
+    return d
+
+
+MALFORMED = [
+    (lambda k: k["post"][-1].update(inputs=["b1", "p8"]), "reads 'b1' from the loop body; it may only read accumulators or post-loop ops"),
+    (lambda k: k["inputs"][0].update(imap=[0, 1]), "imap has 2 entries for 1 grid axes"),
+    (lambda k: k["inputs"][1].update(imap=[2]), "out of range for rank 2"),
+    (lambda k: k["outputs"][0].update(omap=[5]), "omap sends axis x to dim 5"),
+    (lambda k: k["body"].append({"id": "zz", "op": "exp", "inputs": ["X_t"]}), "block tensor 'zz' is computed but never used"),
+    (lambda k: k["body"][0].update(op="conv"), "'conv' is not a block-level op"),
+    (lambda k: k["accumulators"][0].update(kind="max"), "unknown kind 'max'"),
+    (lambda k: k.update(grid=[]), "the grid must have 1 to 3 axes"),
+    (lambda k: k["loop"].update(name="x"), "axis names must be distinct"),
+    (lambda k: k["body"][0].update(inputs=["W_t", "X_t"]), "matmul inner dimensions differ"),
+    (lambda k: k["inputs"][0].update(tensor="Q"), "tensor 'Q' is not defined before this kernel"),
+    (lambda k: k["grid"][0].update(size="gx+1"), "must be a positive product of symbols"),
+]
+
+
+@pytest.mark.parametrize("mutate,message", MALFORMED)
+def test_malformed_sgraph_is_rejected_with_named_problem(mutate, message):
+    with pytest.raises(SGraphError, match="kernel k0") as e:
+        SGraph.from_json(_edit(mutate))
+    assert message in str(e.value)
+
+
+def test_sgraph_schema_and_program_pairing():
+    d = _ref_json()
+    d["schema"] = "superopt.sgraph/7"
+    with pytest.raises(SGraphError, match="unknown sGraph schema"):
+        SGraph.from_json(d)
+    _, ref = workloads.reference_for("rmsnorm_matmul:ci")
+    with pytest.raises(SGraphError, match="do not match the program's inputs"):
+        check_matches(ref, workloads.resolve("gated_mlp:ci"))
+    with pytest.raises(SGraphError, match="sGraph input 'X' is"):
+        check_matches(ref, workloads.resolve("rmsnorm_matmul"))
+
+
+def test_tied_axes_must_share_a_size():
+    d = workloads.reference_for("gqa:ci")[1].to_json()
+    d["kernels"][1]["loop"]["size"] = "F"
+    with pytest.raises(SGraphError, match="axis 'z' has size F here but gz in kernel k0"):
+        SGraph.from_json(json.loads(json.dumps(d)))
+
+
+def test_interpreter_poison_marks_unwritten_elements():
+    from superopt.reference import FloatAlgebra
+
+    buf = FloatAlgebra().poison((2, 3))
+    assert np.isnan(buf).all()
+    assert max_rel_err(buf, np.ones((2, 3))) == float("inf")

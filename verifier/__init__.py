@@ -1,0 +1,1 @@
+"""Verification of sGraphs against programs: e-graph proofs, finite fields, float checks."""
