@@ -39,10 +39,10 @@ class Target:
 
 
 TARGETS: dict[str, Target] = {
-    "h100": Target("h100", "NVIDIA H100 SXM", 3.35e12, 989e12, 67e12, 132, 227 * 1024, 228 * 1024, 4096, 3e-6),
-    "h200": Target("h200", "NVIDIA H200", 4.8e12, 989e12, 67e12, 132, 227 * 1024, 228 * 1024, 4096, 3e-6),
+    "h100": Target("h100", "NVIDIA H100 SXM", 3.35e12, 989e12, 67e12, 132, 227 * 1024, 228 * 1024, 4096, 2e-6),
+    "h200": Target("h200", "NVIDIA H200", 4.8e12, 989e12, 67e12, 132, 227 * 1024, 228 * 1024, 4096, 2e-6),
     "a100": Target(
-        "a100", "NVIDIA A100 SXM 80GB", 2.04e12, 312e12, 19.5e12, 108, 163 * 1024, 164 * 1024, 4096, 3e-6,
+        "a100", "NVIDIA A100 SXM 80GB", 2.04e12, 312e12, 19.5e12, 108, 163 * 1024, 164 * 1024, 4096, 2e-6,
         compute_capability="8.0",
     ),
 }
@@ -53,3 +53,9 @@ def target(name: str) -> Target:
         return TARGETS[name.lower()]
     except KeyError:
         raise ValueError(f"unknown target {name!r}; expected one of {', '.join(TARGETS)} or 'auto'") from None
+
+
+def fingerprint(t: Target) -> str:
+    """Identity of a cost-model target in the cache key (a measured GPU has its own, from the
+    runtime: device name, compute capability, CUDA and CuPy versions)."""
+    return f"costmodel:{t.name}:bw={t.dram_bytes_per_s:.4g}:peak={t.tensor_flops:.4g}:sms={t.sms}"

@@ -1,0 +1,1 @@
+"""Alembic migrations of the kernel cache schema (applied automatically on first use)."""

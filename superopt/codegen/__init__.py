@@ -1,0 +1,1 @@
+"""CUDA C++ code generation for instantiated graph-defined kernels."""

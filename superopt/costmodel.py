@@ -1,0 +1,204 @@
+"""The roofline cost model: estimated time of an instantiated sGraph on a target, without a GPU.
+
+Per kernel: time = launch overhead + max(DRAM time, compute time, loop-latency time).
+- DRAM bytes are what the schedule really moves: a graph-defined kernel reads each input tile once
+  per block, and once per loop iteration when the loop walks that input (so a replicated input is
+  re-read by every block); it writes each output element once. Library kernels read their inputs
+  and write their output, so intermediates between them go through DRAM. Narrow tile rows waste
+  32-byte DRAM sectors, which the model charges.
+- Compute uses the tensor-core peak for f16/bf16 matmuls whose tiles are multiples of 16 (what
+  WMMA takes) and the FP32 peak otherwise.
+- Occupancy: bandwidth needs about `SATURATING_BLOCKS_PER_SM` resident blocks per SM (bytes in
+  flight); fewer blocks than that, or blocks so large in shared memory that fewer fit, scale the
+  achieved bandwidth down; fewer blocks than SMs scale compute down. Every loop iteration of a
+  block costs about `ITERATION_LATENCY_S` (a tile load round trip and barriers), overlapped across
+  the blocks resident on an SM (as many as shared memory and threads allow).
+The physical floor of a program is its inputs read once plus outputs written once over bandwidth,
+or its FLOPs over the tensor peak, whichever is larger.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from superopt.dtypes import dtype as get_dtype
+from superopt.instantiate import Instance
+from superopt.program import Program
+from superopt.sgraph import GraphKernel, LibraryKernel
+from superopt.targets import Target
+
+SATURATING_BLOCKS_PER_SM = 4
+ITERATION_LATENCY_S = 1.0e-6
+MAX_THREADS_PER_SM = 2048
+SECTOR_BYTES = 32
+
+# FLOPs per output element of elementwise ops (transcendentals count several).
+ELEMENT_FLOPS = {
+    "add": 1, "sub": 1, "mul": 1, "div": 1, "neg": 1, "relu": 1, "square": 1, "const": 0,
+    "exp": 4, "sqrt": 4, "rsqrt": 4, "sigmoid": 6, "silu": 7, "gelu": 15,
+}
+# FLOPs per input element of reductions and normalizations.
+REDUCE_FLOPS = {"sum": 1, "mean": 1, "max": 1, "rms_norm": 5, "softmax": 8}
+
+
+@dataclass
+class KernelEstimate:
+    kernel: str
+    kind: str
+    dram_bytes: int
+    flops: int
+    time_s: float
+    bound: str  # "dram" | "compute" | "latency" | "launch" | "free"
+    blocks: int = 0
+
+
+@dataclass
+class Estimate:
+    kernels: list[KernelEstimate] = field(default_factory=list)
+
+    @property
+    def time_s(self) -> float:
+        return sum(k.time_s for k in self.kernels)
+
+    @property
+    def time_us(self) -> float:
+        return self.time_s * 1e6
+
+    @property
+    def dram_bytes(self) -> int:
+        return sum(k.dram_bytes for k in self.kernels)
+
+    @property
+    def flops(self) -> int:
+        return sum(k.flops for k in self.kernels)
+
+    @property
+    def launches(self) -> int:
+        return sum(1 for k in self.kernels if k.bound != "free")
+
+
+def op_flops(op: str, in_shapes: list[tuple[int, ...]], out_shape: tuple[int, ...]) -> int:
+    if op == "matmul":
+        a, b = in_shapes
+        return 2 * math.prod(a[:-1]) * a[-1] * b[-1]
+    if op in REDUCE_FLOPS:
+        return REDUCE_FLOPS[op] * math.prod(in_shapes[0])
+    if op in ELEMENT_FLOPS:
+        return ELEMENT_FLOPS[op] * math.prod(out_shape)
+    return 0  # layout ops move data, they compute nothing
+
+
+def _matmul_peak(target: Target, dt: str, a: tuple[int, ...], b: tuple[int, ...]) -> float:
+    tensor = dt in ("f16", "bf16") and all(d % 16 == 0 for d in (a[-2], a[-1], b[-1]))
+    return target.tensor_flops if tensor else target.fp32_flops
+
+
+def estimate(inst: Instance) -> Estimate:
+    est = Estimate()
+    for k in inst.sgraph.kernels:
+        est.kernels.append(_library(inst, k) if isinstance(k, LibraryKernel) else _graph(inst, k))
+    return est
+
+
+def _library(inst: Instance, k: LibraryKernel) -> KernelEstimate:
+    t = inst.target
+    info = inst.sgraph.info
+    if k.op == "const" or k.op == "reshape":
+        return KernelEstimate(k.id, "library", 0, 0, 0.0, "free")  # a launch argument / a view
+    in_shapes = [inst.shape(i) for i in k.inputs]
+    out_shape = inst.shape(k.output)
+    nbytes = get_dtype(info.dtypes[k.output]).nbytes
+    dram = sum(math.prod(s) for s in in_shapes if s) * nbytes + math.prod(out_shape) * nbytes
+    flops = op_flops(k.op, in_shapes, out_shape)
+    peak = _matmul_peak(t, info.dtypes[k.output], *in_shapes) if k.op == "matmul" else t.fp32_flops
+    t_dram, t_comp = dram / t.dram_bytes_per_s, flops / peak
+    body = max(t_dram, t_comp)
+    bound = "dram" if t_dram >= t_comp else "compute"
+    if body < t.launch_overhead_s:
+        bound = "launch"
+    return KernelEstimate(k.id, "library", dram, flops, t.launch_overhead_s + body, bound)
+
+
+def _graph(inst: Instance, k: GraphKernel) -> KernelEstimate:
+    t = inst.target
+    sg = inst.sgraph
+    b = k.block
+    grid = inst.grid(k)
+    blocks, loop = math.prod(grid), inst.loop(k)
+    dt = sg.info.dtypes[k.outputs[0]]
+    nbytes = get_dtype(dt).nbytes
+    dram_eff = 0.0
+    dram = 0
+    for inp in b.inputs:
+        tile = inst.tile(k.id, inp.id)
+        reads = blocks * (loop if inp.fmap is not None else 1)
+        moved = reads * math.prod(tile) * nbytes
+        dram += moved
+        dram_eff += moved / _sector_efficiency(tile, inst.shape(inp.tensor), nbytes)
+    for o in b.outputs:
+        moved = math.prod(inst.shape(o.tensor)) * nbytes
+        dram += moved
+        dram_eff += moved / _sector_efficiency(inst.tile(k.id, o.source), inst.shape(o.tensor), nbytes)
+    flops, comp_s = 0, 0.0
+    for phase, repeat in ((b.body, blocks * loop), (b.post, blocks)):
+        for op in phase:
+            ins = [inst.tile(k.id, i) for i in op.inputs]
+            f = op_flops(op.op, ins, inst.tile(k.id, op.id)) * repeat
+            peak = _matmul_peak(t, dt, *ins) if op.op == "matmul" else t.fp32_flops
+            flops += f
+            comp_s += f / peak
+    flops += sum(math.prod(inst.tile(k.id, a.id)) for a in b.accumulators) * blocks * loop
+    per_sm = max(1, min(MAX_THREADS_PER_SM // t.threads_per_block, t.smem_per_sm // max(inst.smem(k), 1)))
+    resident = min(per_sm, math.ceil(blocks / t.sms))
+    active_sms = min(blocks, t.sms)
+    # Bytes in flight come from resident blocks: an SM that fits one fat block cannot saturate.
+    bw_fraction = min(1.0, min(blocks, t.sms * per_sm) / (t.sms * SATURATING_BLOCKS_PER_SM))
+    waves_fraction = _wave_quantization(blocks, t.sms * per_sm)
+    t_dram = dram_eff / (t.dram_bytes_per_s * bw_fraction) * waves_fraction
+    t_comp = comp_s / (active_sms / t.sms) * waves_fraction
+    t_lat = blocks * loop / (active_sms * resident) * ITERATION_LATENCY_S
+    parts = {"dram": t_dram, "compute": t_comp, "latency": t_lat}
+    bound = max(parts, key=lambda p: parts[p])
+    return KernelEstimate(k.id, "graph", dram, flops, t.launch_overhead_s + parts[bound], bound, blocks)
+
+
+def _sector_efficiency(tile: tuple[int, ...], full: tuple[int, ...], nbytes: int) -> float:
+    """Fraction of each 32-byte DRAM sector that a tile's contiguous runs use.
+
+    A run is the trailing tile dims that span the whole tensor dim, times the first one that
+    does not: the bytes one block touches without a gap."""
+    run = 1
+    for t_d, f_d in zip(reversed(tile), reversed(full), strict=True):
+        run *= t_d
+        if t_d != f_d:
+            break
+    return min(1.0, run * nbytes / SECTOR_BYTES)
+
+
+def _wave_quantization(blocks: int, concurrent: int) -> float:
+    """Time of ceil(blocks / concurrent) full waves relative to perfectly divided work."""
+    if blocks <= concurrent:
+        return 1.0
+    waves = blocks / concurrent
+    return math.ceil(waves) / waves
+
+
+@dataclass(frozen=True)
+class Floor:
+    dram_bytes: int
+    flops: int
+    time_s: float
+
+
+def floor(program: Program, target: Target) -> Floor:
+    """The physical floor: inputs read once plus outputs written once, or FLOPs at peak."""
+    nbytes = {n.id: get_dtype(n.dtype or "f32").nbytes for n in program.nodes.values()}
+    dram = sum(math.prod(n.shape) * nbytes[n.id] for n in program.inputs)
+    dram += sum(math.prod(program.nodes[o].shape) * nbytes[o] for o in program.outputs)
+    flops = 0
+    for n in program.nodes.values():
+        if n.op not in ("input", "const"):
+            flops += op_flops(n.op, [program.nodes[i].shape for i in n.inputs], n.shape)
+    time_s = max(dram / target.dram_bytes_per_s, flops / target.tensor_flops)
+    return Floor(dram, flops, time_s)

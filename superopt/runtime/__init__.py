@@ -1,0 +1,1 @@
+"""GPU runtime: compile with CuPy, check against the reference, time with CUDA events."""
