@@ -101,3 +101,40 @@ def first_assignment(sg: SGraph, target: Target) -> dict[str, int] | None:
 
 def size_of(expr: Size, values: Mapping[str, int]) -> int:
     return expr.int_value(values)
+
+
+def interpretation_cost(sg: SGraph, values: Mapping[str, int]) -> int:
+    """Block-iterations the interpreter runs for these values (what numeric checks cost)."""
+    total = 0
+    for k in sg.graph_kernels:
+        blocks = 1
+        for a in k.block.grid:
+            blocks *= a.size.int_value(values)
+        total += blocks * k.block.loop.size.int_value(values)
+    return total
+
+
+def pick_for_checks(sg: SGraph, target: Target, k: int = 3, pool: int = 4000) -> list[dict[str, int]]:
+    """k valid assignments for numeric checks: every symbol above 1 where possible (a split by 1
+    hides a wrong map), cheap to interpret, and as different from each other as possible."""
+    full = candidates(sg)
+    small = {s: sorted({1, *[v for v in vs if v > 1][:3]}) for s, vs in full.items()}
+    cands = list(enumerate_assignments(sg, target, small, limit=pool))
+    if not cands:
+        cands = list(enumerate_assignments(sg, target, full, limit=pool))
+    if not cands:
+        return []
+    syms = sorted(sg.symbols)
+    ranked = sorted(cands, key=lambda v: (sum(v[s] == 1 for s in syms), interpretation_cost(sg, v)))
+    chosen = [ranked[0]]
+    budget = ranked[: max(k * 20, 50)]
+    while len(chosen) < min(k, len(cands)):
+        best = max(
+            (v for v in budget if v not in chosen),
+            key=lambda v: (min(sum(v[s] != c[s] for s in syms) for c in chosen), -sum(v[s] == 1 for s in syms)),
+            default=None,
+        )
+        if best is None:
+            break
+        chosen.append(best)
+    return chosen

@@ -74,7 +74,8 @@ class Algebra(ABC, Generic[V]):
 
 
 def apply(alg: Algebra[V], op: str, args: Sequence[V], attrs: Mapping[str, Any], shapes: Sequence[Any]) -> V:
-    """Apply `op` to `args` in `alg`. `shapes` are the operands' integer shapes (for mean's extent)."""
+    """Apply `op` to `args` in `alg`. `shapes` are the operands' shapes (only mean's default
+    definition needs them, for the extent it divides by)."""
     if op == "const":
         return alg.const(attrs["value"])
     if op in _PRIMITIVE_BINARY:
@@ -96,10 +97,10 @@ def apply(alg: Algebra[V], op: str, args: Sequence[V], attrs: Mapping[str, Any],
     if op == "sum" or op == "max":
         return getattr(alg, op)(x, attrs["dim"], attrs["keepdim"])
     if op == "mean":
-        return alg.mean(x, attrs["dim"], attrs["keepdim"], shapes[0][attrs["dim"]])
+        return alg.mean(x, attrs["dim"], attrs["keepdim"], _extent(shapes, attrs["dim"]))
     if op == "rms_norm":
         d = attrs["dim"]
-        ms = alg.mean(square(alg, x), d, True, shapes[0][d])
+        ms = alg.mean(square(alg, x), d, True, _extent(shapes, d))
         return alg.div(x, alg.sqrt(alg.add(ms, alg.const(attrs["eps"]))))
     if op == "softmax":
         d = attrs["dim"]
@@ -115,6 +116,11 @@ def apply(alg: Algebra[V], op: str, args: Sequence[V], attrs: Mapping[str, Any],
 
 
 _PRIMITIVE_BINARY = ("add", "sub", "mul", "div")
+
+
+def _extent(shapes: Sequence[Any], dim: int) -> Any:
+    """The size of the reduced dim, for algebras that need it (None where shapes are not given)."""
+    return shapes[0][dim] if shapes and shapes[0] is not None else None
 
 
 def square(alg: Algebra[V], x: V) -> V:

@@ -128,10 +128,24 @@ class Size:
         return out
 
     def int_value(self, values: Mapping[str, int] | None = None) -> int:
-        v = self.evaluate(values or {})
-        if v.denominator != 1:
-            raise SizeError(f"{self} = {v} is not an integer")
-        return int(v)
+        """The value as an int (exact integer arithmetic; the hot path of instantiation)."""
+        values = values or {}
+        num, den = 0, 1
+        for mono, coeff in self.terms:
+            tn, td = coeff.numerator, coeff.denominator
+            for s, e in mono:
+                try:
+                    v = values[s]
+                except KeyError:
+                    raise SizeError(f"no value for {s} in {self}") from None
+                if e > 0:
+                    tn *= v**e
+                else:
+                    td *= v ** (-e)
+            num, den = num * td + tn * den, den * td
+        if num % den:
+            raise SizeError(f"{self} = {Fraction(num, den)} is not an integer")
+        return num // den
 
     # -- text ---------------------------------------------------------------------------
     def __str__(self) -> str:

@@ -1,0 +1,355 @@
+"""Verifier: rules checked on numbers, references proved, mutants never proved, z3 lemmas."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from superopt import Program, workloads
+from superopt.assignments import enumerate_assignments, pick_for_checks
+from superopt.build import SGraphBuilder, unfused_baseline
+from superopt.cli import app
+from superopt.instantiate import instantiate
+from superopt.interpreter import run_float
+from superopt.mutations import mutants
+from superopt.reference import evaluate, max_rel_err, random_inputs
+from superopt.sgraph import SGraph, TensorDecl, rebind
+from superopt.targets import TARGETS
+from superopt.verifier import constraints, finite_field
+from superopt.verifier import terms as t
+from superopt.verifier.egraph import prove
+from superopt.verifier.lowering import lower_program, lower_sgraph
+from superopt.verifier.oracle import Oracle, abstract_sgraph, mk
+from superopt.verifier.rules import RULES
+from superopt.verifier.term_eval import Bindings, agree
+from superopt.verifier.verify import verify
+
+NAMES = list(workloads.WORKLOADS)
+
+
+# -- rules are checked, not trusted -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("rule", RULES, ids=[r.name for r in RULES])
+def test_rule_holds_on_random_instances(rule):
+    for seed in range(6):
+        b = rule.example(np.random.default_rng(seed))
+        assert agree(rule.lhs, rule.rhs, b, [b.axes[x] for x in rule.free]), (rule.name, seed)
+
+
+def test_rule_checker_refutes_unsound_rules():
+    rng = np.random.default_rng(0)
+    e, a = t.Var("E"), t.AxisVar("a")
+    family = lambda idx: np.full((2, 3), float(idx["x"] + 1))
+    b = Bindings(tensors={"E": family}, dims={"d": -1}, axes={"a": "x"}, sizes={"x": 3})
+    # cat_over(part(E)) = E needs E independent of the axis; with a family it is false.
+    assert not agree(t.cat_over(t.part(e, t.DimVar("d"), a), t.DimVar("d"), a), e,
+                     Bindings(tensors={"E": lambda idx: family(idx).repeat(3, axis=1)}, dims={"d": -1},
+                              axes={"a": "x"}, sizes={"x": 3}), ["x"])
+    # A sum over tiles of tile means is not the mean.
+    b2 = Bindings(tensors={"E": rng.standard_normal((2, 6))}, dims={"d": -1}, axes={"a": "x"}, sizes={"x": 3})
+    wrong = (t.sum_over(t.reduce("mean", t.part(e, t.DimVar("d"), a), t.DimVar("d")), a), t.reduce("mean", e, t.DimVar("d")))
+    assert not agree(*wrong, b2, [])
+    assert b.sizes["x"] == 3
+
+
+def test_tile_map_lemmas_are_proved_by_z3():
+    lemmas = constraints.tile_map_lemmas()
+    assert len(lemmas) == 7
+    assert all(lem.proved for lem in lemmas), [lem.name for lem in lemmas if not lem.proved]
+
+
+def test_ragged_split_is_refuted_with_a_counterexample():
+    cex = constraints.ragged_split_counterexample()
+    assert cex is not None and cex["n"] % cex["w"] != 0
+
+
+# -- finite fields ---------------------------------------------------------------------------------
+
+
+def _is_prime(n: int) -> bool:
+    d, s = n - 1, 0
+    while d % 2 == 0:
+        d, s = d // 2, s + 1
+    for a in (2, 3, 5, 7, 11, 13, 17, 19, 23, 29, 31, 37):
+        x = pow(a, d, n)
+        if x in (1, n - 1):
+            continue
+        for _ in range(s - 1):
+            x = x * x % n
+            if x == n - 1:
+                break
+        else:
+            return False
+    return True
+
+
+def test_field_parameters():
+    assert _is_prime(finite_field.P) and _is_prime(finite_field.Q)
+    assert (finite_field.P - 1) % finite_field.Q == 0
+    assert pow(finite_field.G, finite_field.Q, finite_field.P) == 1 and finite_field.G != 1
+    assert finite_field.P > 2**31
+
+
+def test_field_arithmetic_is_exact():
+    rng = np.random.default_rng(1)
+    alg = finite_field.FieldAlgebra(rng)
+    a = finite_field.FF(rng.integers(0, finite_field.P, (3, 5)), rng.integers(0, finite_field.Q, (3, 5)))
+    b = finite_field.FF(rng.integers(0, finite_field.P, (5, 4)), rng.integers(0, finite_field.Q, (5, 4)))
+    got = alg.matmul(a, b).p
+    want = np.array([[sum(int(a.p[i, k]) * int(b.p[k, j]) for k in range(5)) % finite_field.P for j in range(4)]
+                     for i in range(3)])
+    assert np.array_equal(got, want)
+    x, y = finite_field.FF(a.p[:, :4], a.q[:, :4]), finite_field.FF(b.p[:3, :], b.q[:3, :])
+    assert np.array_equal(alg.exp(alg.add(x, y)).p, alg.mul(alg.exp(x), alg.exp(y)).p)
+    assert np.array_equal(alg.mul(alg.div(x, y), y).p, x.p)
+    half = alg.const(0.5)
+    assert int(half.p) * 2 % finite_field.P == 1
+
+
+# -- references and baselines -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_reference_and_baseline_are_proved(name):
+    program, ref = workloads.reference_for(name)
+    for sg in (ref, unfused_baseline(program)):
+        v = verify(program, sg)
+        assert v.proved, v.layers
+        assert v.egraph == "proved" and v.egraph_stats["rule_applications"] >= (1 if sg is ref else 0)
+        if sg is ref:
+            ff_params = [json.dumps(x["detail"]["params"], sort_keys=True) for x in v.layers if x["layer"] == "finite_field"]
+            assert len(set(ff_params)) >= 3 and v.finite_field_trials >= 6
+            assert v.float_instantiations >= 3 and v.float_max_rel_err <= v.float_tolerance
+
+
+def test_one_proof_covers_every_instantiation(h100):
+    """The symbolic proof is made once; every instantiation at several shapes then checks out."""
+    w = workloads.get("gqa")
+    program = w.program("ci")
+    ref = w.reference(program)
+    rhs, axes = lower_sgraph(ref)
+    assert prove(list(zip(lower_program(program), rhs, strict=False)), axes).proved
+    for sizes in ({"b": 2, "m": 8, "n": 64, "dh": 16}, {"b": 3, "m": 6, "n": 36, "dh": 8}):
+        p = w.build(**sizes)
+        sg = rebind(ref, [TensorDecl(n.id, n.shape, n.dtype) for n in p.inputs])
+        assigns = list(enumerate_assignments(sg, h100))
+        rng = np.random.default_rng(7)
+        for i in rng.choice(len(assigns), size=min(5, len(assigns)), replace=False):
+            inst = instantiate(sg, assigns[int(i)], h100)
+            assert finite_field.check(p, inst, trials=1, seed=int(i)).passed, assigns[int(i)]
+
+
+# -- small programs that need the rules the workloads do not --------------------------------------
+
+
+def _elementwise_program() -> Program:
+    p = Program("ew")
+    x = p.input("X", (4, 12), "f32")
+    r = p.input("R", (4, 1), "f32")
+    y = ((x - r) * (1.0 - x) * (r - x)) / (r / x) + r
+    p.output(p.op("sub", p.relu(y / 2.0), 2.0, name="O"))
+    return p
+
+
+def _elementwise_sgraph(p: Program) -> SGraph:
+    b = SGraphBuilder.for_program(p)
+    k = b.graph(grid=[("x", "gx")])
+    xt, rt = k.input("X", [1], None), k.input("R", [None], None)
+    two, one = k.op("const", value=2.0), k.op("const", value=1.0)
+    prod = k.op("mul", k.op("mul", k.op("sub", xt, rt), k.op("sub", one, xt)), k.op("sub", rt, xt))
+    y = k.op("add", k.op("div", prod, k.op("div", rt, xt)), rt)
+    o = k.op("sub", k.op("relu", k.op("div", y, two)), two)
+    k.output(k.acc(o), "O", [1])
+    return b.build(["O"])
+
+
+def _rowmax_program() -> Program:
+    p = Program("rowmax")
+    x = p.input("X", (6, 8), "f32")
+    p.output(p.op("sub", x, p.max(x, -1, keepdim=True), name="O"))
+    return p
+
+
+def _rowmax_sgraph(p: Program) -> SGraph:
+    b = SGraphBuilder.for_program(p)
+    k = b.graph(grid=[("x", "gx")])
+    xt = k.input("X", [0], None)
+    k.output(k.acc(k.op("sub", xt, k.op("max", xt, dim=1, keepdim=True))), "O", [0])
+    return b.build(["O"])
+
+
+def _squeeze_program(dim: int) -> Program:
+    p = Program("squeeze")
+    x = p.input("X", (6, 8), "f32")
+    p.output(p.op("sum", p.exp(x), name="O", dim=dim, keepdim=False))
+    return p
+
+
+def _squeeze_sgraph(p: Program, dim: int) -> SGraph:
+    b = SGraphBuilder.for_program(p)
+    k = b.graph(grid=[("x", "gx")])
+    xt = k.input("X", [1 - dim], None)
+    k.output(k.acc(k.op("sum", k.op("exp", xt), dim=dim, keepdim=False)), "O", [0])
+    return b.build(["O"])
+
+
+def _scaled_matmul_program() -> Program:
+    p = Program("scaled_mm")
+    x = p.input("X", (4, 16), "f32")
+    s = p.input("S", (4, 1), "f32")
+    w = p.input("W", (16, 12), "f32")
+    p.output(p.op("matmul", x * s, w, name="O"))
+    return p
+
+
+def _scaled_matmul_sgraph(p: Program) -> SGraph:
+    b = SGraphBuilder.for_program(p)
+    k = b.graph(grid=[("x", "gx")], loop=("f", "F"))
+    acc = k.acc(k.op("matmul", k.input("X", [None], 1), k.input("W", [1], 0)))
+    scale = k.acc(k.input("S", [None], None), "mean")
+    k.output(k.after("mul", acc, scale), "O", [1])
+    return b.build(["O"])
+
+
+def _row_mean_program() -> Program:
+    p = Program("row_mean")
+    x = p.input("X", (6, 16), "f32")
+    p.output(p.op("mean", p.exp(x), name="O", dim=-1, keepdim=True))
+    return p
+
+
+def _row_mean_sgraph(p: Program) -> SGraph:
+    b = SGraphBuilder.for_program(p)
+    k = b.graph(grid=[("x", "gx")], loop=("f", "F"))
+    xt = k.input("X", [0], 1)
+    k.output(k.acc(k.op("mean", k.op("exp", xt), dim=1, keepdim=True), "mean"), "O", [0])
+    return b.build(["O"])
+
+
+TARGETED = {
+    "elementwise with replicated and constant operands": (_elementwise_program, _elementwise_sgraph),
+    "row max": (_rowmax_program, _rowmax_sgraph),
+    "sum without keepdim, rows split": (lambda: _squeeze_program(1), lambda p: _squeeze_sgraph(p, 1)),
+    "sum without keepdim, cols split": (lambda: _squeeze_program(0), lambda p: _squeeze_sgraph(p, 0)),
+    "row-scaled matmul": (_scaled_matmul_program, _scaled_matmul_sgraph),
+    "row mean over a loop": (_row_mean_program, _row_mean_sgraph),
+}
+
+
+@pytest.mark.parametrize("what", list(TARGETED))
+def test_targeted_schedule_is_proved(what):
+    make_program, make_sgraph = TARGETED[what]
+    p = make_program()
+    v = verify(p, make_sgraph(p))
+    assert v.proved, v.layers
+
+
+def test_every_rule_is_exercised_by_a_proof():
+    fired: set[str] = set()
+    cases = [workloads.reference_for(n) for n in NAMES]
+    cases += [(mp(), None) for mp, _ in TARGETED.values()]
+    for (program, ref), (_, ms) in zip(cases, [(None, None)] * len(NAMES) + list(TARGETED.values()), strict=True):
+        sg = ref if ref is not None else ms(program)
+        rhs, axes = lower_sgraph(sg)
+        res = prove(list(zip(lower_program(program), rhs, strict=False)), axes)
+        assert res.proved, program.name
+        fired |= {name for name, n in res.rule_matches.items() if n}
+    assert {r.name for r in RULES} - fired == set()
+
+
+# -- the mutation suite ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_mutants_are_never_proved(name, h100):
+    program, ref = workloads.reference_for(f"{name}:ci")
+    inputs = random_inputs(program, 11)
+    want = evaluate(program, inputs)[0]
+    lhs = lower_program(program)
+    variants = mutants(ref, program)
+    assert len(variants) >= 20
+    wrong = ff_rejected = 0
+    for what, m in variants:
+        checks = pick_for_checks(m, h100, 2)
+        if not checks:
+            continue
+        if all(max_rel_err(run_float(instantiate(m, v, h100), inputs)[0], want) <= 0.05 for v in checks):
+            continue  # not shown wrong (e.g. equivalent with a loop of size 1)
+        wrong += 1
+        rhs, axes = lower_sgraph(m)
+        assert not prove(list(zip(lhs, rhs, strict=False)), axes).proved, what
+        ff = [finite_field.check(program, instantiate(m, v, h100), trials=1, seed=3) for v in checks]
+        ff_rejected += not all(c.passed for c in ff)
+    assert wrong >= 20
+    assert ff_rejected >= 0.99 * wrong, (ff_rejected, wrong)
+
+
+def test_verify_refuses_a_wrong_sgraph_with_the_refuting_layer():
+    program, ref = workloads.reference_for("rmsnorm_matmul:ci")
+    data = ref.to_json()
+    data["kernels"][0]["accumulators"][1]["kind"] = "sum"  # sum of tile means where a mean belongs
+    v = verify(program, SGraph.from_json(data))
+    assert not v.proved and v.layers[0]["layer"] == "finite_field" and not v.layers[0]["passed"]
+    assert v.egraph == "not run"
+
+
+# -- constraints ---------------------------------------------------------------------------------------
+
+
+def test_z3_and_backtracking_enumerations_agree(h100):
+    _, ref = workloads.reference_for("lora:ci")
+    key = lambda v: tuple(sorted(v.items()))
+    assert sorted(map(key, constraints.assignments(ref, h100))) == sorted(map(key, enumerate_assignments(ref, h100)))
+
+
+def test_satisfiability(h100):
+    _, ref = workloads.reference_for("gqa")
+    ok, model = constraints.satisfiable(ref, h100)
+    assert ok and model is not None
+    instantiate(ref, model, h100)
+    tiny = h100.calibrated()
+    from dataclasses import replace
+    no_smem = replace(tiny, smem_per_block=16)
+    assert constraints.satisfiable(ref, no_smem) == (False, None)
+
+
+# -- the pruning oracle --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_oracle_keeps_every_prefix_of_the_reference(name):
+    program, ref = workloads.reference_for(name)
+    oracle = Oracle(program)
+    missing = [(k, tid) for k, tid, e in abstract_sgraph(ref) if not oracle.contains(e)]
+    assert missing == []
+
+
+def test_oracle_prunes_foreign_expressions():
+    oracle = Oracle(workloads.resolve("gated_mlp"))
+    x, w1, w2 = ("inp", "X"), ("inp", "W1"), ("inp", "W2")
+    assert oracle.contains(mk("sum", mk("mul", x, w1)))
+    assert oracle.contains(mk("mul", mk("sum", mk("mul", x, w2)), mk("sum", mk("mul", x, w1))))
+    assert not oracle.contains(mk("sum", mk("mul", w1, w2)))
+    assert not oracle.contains(mk("exp", x))
+    assert not oracle.contains(mk("sum", mk("mul", x, x)))
+
+
+def test_verify_command_line(tmp_path):
+    runner = CliRunner()
+    res = runner.invoke(app, ["verify", "lora:ci", "reference"])
+    assert res.exit_code == 0 and "PROVED" in res.stdout
+    _, ref = workloads.reference_for("lora:ci")
+    data = ref.to_json()
+    data["kernels"][1]["body"][2]["op"] = "sub"
+    f = tmp_path / "wrong.json"
+    f.write_text(json.dumps(data))
+    res = runner.invoke(app, ["verify", "lora:ci", str(f), "--json"])
+    assert res.exit_code == 1 and json.loads(res.stdout)["proved"] is False
+
+
+def test_targets_are_known():
+    assert set(TARGETS) == {"h100", "h200", "a100"}

@@ -1,0 +1,240 @@
+"""The e-graph prover: equality saturation (egglog) over the term language of `terms`.
+
+`prove(lhs_terms, rhs_terms)` inserts both sides, derives the `indep(E, a)` facts (E does not
+depend on axis a: inputs and constants depend on no axis, an op is independent of a when all its
+operands are, `part(E, d, b)` adds b, the binders `sum_over`/`mean_over`/`cat_over` remove their
+axis), applies the rules of `superopt.verifier.rules` one round at a time and stops as soon as
+every pair of sides is in one e-class (proved), or when nothing changes (saturated without proof),
+or at the iteration, node or time limit. Because no rule mentions a size, a proof holds for every
+instantiation that meets the sGraph's divisibility constraints.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from egglog import (
+    EGraph,
+    Expr,
+    Fact,
+    String,
+    StringLike,
+    f64,
+    f64Like,
+    i64,
+    i64Like,
+    ne,
+    relation,
+    rule,
+    ruleset,
+    union,
+    var,
+)
+from egglog import eq as egg_eq
+
+from superopt.verifier.rules import RULES, Rule
+from superopt.verifier.terms import SIGNATURES, AxisVar, ConstVar, DimVar, Node, Term, Var
+
+
+class T(Expr):
+    """Tensor terms (see superopt.verifier.terms for the meaning of each constructor)."""
+
+    @classmethod
+    def inp(cls, name: StringLike) -> T: ...
+    @classmethod
+    def const(cls, value: f64Like) -> T: ...
+    def add(self, other: T) -> T: ...
+    def sub(self, other: T) -> T: ...
+    def mul(self, other: T) -> T: ...
+    def div(self, other: T) -> T: ...
+    def neg(self) -> T: ...
+    def exp(self) -> T: ...
+    def sqrt(self) -> T: ...
+    def relu(self) -> T: ...
+    def sum(self, d: i64Like) -> T: ...
+    def mean(self, d: i64Like) -> T: ...
+    def max(self, d: i64Like) -> T: ...
+    def squeeze(self, d: i64Like) -> T: ...
+    def bcast(self, d: i64Like) -> T: ...
+    def matmul(self, other: T) -> T: ...
+    def transpose(self, perm: StringLike) -> T: ...
+    def reshape(self, shape: StringLike) -> T: ...
+    def part(self, d: i64Like, axis: StringLike) -> T: ...
+    def sum_over(self, axis: StringLike) -> T: ...
+    def mean_over(self, axis: StringLike) -> T: ...
+    def cat_over(self, d: i64Like, axis: StringLike) -> T: ...
+
+
+indep = relation("indep", T, String)
+axis_fact = relation("axis", String)
+
+
+class _Converter:
+    """Terms (ground or patterns) to egglog expressions; pattern variables become egglog vars."""
+
+    def __init__(self) -> None:
+        self.vars: dict[str, Any] = {}
+        self.memo: dict[Node, T] = {}
+
+    def _var(self, name: str, sort: Any) -> Any:
+        key = f"{sort.__name__}:{name}"
+        if key not in self.vars:
+            self.vars[key] = var(name, sort)
+        return self.vars[key]
+
+    def param(self, p: object) -> Any:
+        if isinstance(p, DimVar):
+            v = self._var(p.name, i64)
+            return v + p.offset if p.offset else v
+        if isinstance(p, AxisVar):
+            return self._var(p.name, String)
+        if isinstance(p, ConstVar):
+            return self._var(p.name, f64)
+        return p
+
+    def term(self, t: Term) -> T:
+        if isinstance(t, Var):
+            return self._var(t.name, T)
+        if t in self.memo:
+            return self.memo[t]
+        kids = [self.term(c) for c in t.children]
+        params = [self.param(p) for p in t.params]
+        # Leaves are class methods of T; every other op is a method of its first operand.
+        out = getattr(T, t.op)(*params) if t.op in ("inp", "const") else getattr(kids[0], t.op)(*kids[1:], *params)
+        self.memo[t] = out
+        return out
+
+
+def _conditions(conv: _Converter, r: Rule) -> list[Any]:
+    facts: list[Any] = []
+    for kind, x, y in r.conds:
+        if kind == "indep":
+            facts.append(indep(conv.term(x), conv.param(y)))  # type: ignore[arg-type]
+        elif kind in ("ne_dim", "ne_axis"):
+            facts.append(ne(conv.param(x)).to(conv.param(y)))
+        elif kind == "lt_dim":
+            facts.append(conv.param(x) < conv.param(y))
+        elif kind == "le_dim":
+            facts.append(conv.param(x) <= i64(int(y)))  # type: ignore[call-overload]
+        else:
+            raise ValueError(f"unknown side condition {kind!r} in rule {r.name}")
+    return facts
+
+
+def _rewrite_rules() -> Any:
+    out = []
+    for r in RULES:
+        conv = _Converter()
+        root = var("root__", T)
+        out.append(rule(egg_eq(root).to(conv.term(r.lhs)), *_conditions(conv, r), name=r.name)
+                   .then(union(root).with_(conv.term(r.rhs))))
+    return ruleset(*out, name="rewrites")
+
+
+def _analysis_rules() -> Any:
+    """Derive indep(E, a) bottom-up for every constructor."""
+    out = []
+    x, e, f = var("x__", T), var("e__", T), var("f__", T)
+    a, b = var("a__", String), var("b__", String)
+    d, name = var("d__", i64), var("n__", String)
+    for op, (n_kids, kinds) in SIGNATURES.items():
+        if op == "inp":
+            out.append(rule(egg_eq(x).to(T.inp(name)), axis_fact(a)).then(indep(x, a)))
+            continue
+        if op == "const":
+            out.append(rule(egg_eq(x).to(T.const(var("v__", f64))), axis_fact(a)).then(indep(x, a)))
+            continue
+        params: list[Any] = []
+        for k in kinds:
+            params.append({"dim": d, "axis": b, "str": name}[k])
+        kids = [e, f][:n_kids]
+        shape = getattr(kids[0], op)(*kids[1:], *params)
+        if op in ("sum_over", "mean_over", "cat_over"):
+            out.append(rule(egg_eq(x).to(shape)).then(indep(x, b)))
+            out.append(rule(egg_eq(x).to(shape), indep(e, a), ne(a).to(b)).then(indep(x, a)))
+        elif op == "part":
+            out.append(rule(egg_eq(x).to(shape), indep(e, a), ne(a).to(b)).then(indep(x, a)))
+        else:
+            out.append(rule(egg_eq(x).to(shape), *[indep(k, a) for k in kids]).then(indep(x, a)))
+    return ruleset(*out, name="indep")
+
+
+REWRITES = _rewrite_rules()
+ANALYSIS = _analysis_rules()
+
+
+@dataclass
+class Limits:
+    iterations: int = 40
+    nodes: int = 60_000
+    seconds: float = 20.0
+
+
+@dataclass
+class ProofResult:
+    proved: bool
+    reason: str  # "proved" | "saturated" | "iteration limit" | "node limit" | "time limit"
+    iterations: int
+    enodes: int
+    seconds: float
+    rule_matches: dict[str, int] = field(default_factory=dict)
+
+    def certificate(self) -> dict[str, Any]:
+        fired = {k: v for k, v in sorted(self.rule_matches.items()) if v}
+        return {
+            "reason": self.reason,
+            "iterations": self.iterations,
+            "enodes": self.enodes,
+            "ms": round(self.seconds * 1e3, 2),
+            "rule_applications": sum(fired.values()),
+            "rules_fired": fired,
+        }
+
+
+def prove(pairs: Sequence[tuple[Term, Term]], axes: Sequence[str], limits: Limits | None = None) -> ProofResult:
+    """Decide whether each (lhs, rhs) pair is equal under the rules (one proof for all pairs)."""
+    limits = limits or Limits()
+    t0 = time.perf_counter()
+    conv = _Converter()
+    egraph = EGraph()
+    if axes:
+        egraph.register(*(axis_fact(String(x)) for x in sorted(set(axes))))
+    goals: list[Fact] = []
+    for i, (lhs, rhs) in enumerate(pairs):
+        lhs_e = egraph.let(f"lhs{i}", conv.term(lhs))
+        rhs_e = egraph.let(f"rhs{i}", conv.term(rhs))
+        goals.append(egg_eq(lhs_e).to(rhs_e))
+    matches: Counter[str] = Counter()
+    reason, it = "iteration limit", 0
+    while it < limits.iterations:
+        egraph.run(ANALYSIS.saturate())
+        if egraph.check_bool(*goals):
+            reason = "proved"
+            break
+        report = egraph.run(REWRITES)
+        it += 1
+        for decl, n in report.num_matches_per_rule.items():
+            matches[getattr(decl, "name", None) or str(decl)] += n
+        if not report.updated:
+            egraph.run(ANALYSIS.saturate())
+            reason = "proved" if egraph.check_bool(*goals) else "saturated"
+            break
+        if _size(egraph) > limits.nodes:
+            reason = "node limit"
+            break
+        if time.perf_counter() - t0 > limits.seconds:
+            reason = "time limit"
+            break
+    else:
+        egraph.run(ANALYSIS.saturate())
+        if egraph.check_bool(*goals):
+            reason = "proved"
+    return ProofResult(reason == "proved", reason, it, _size(egraph), time.perf_counter() - t0, dict(matches))
+
+
+def _size(egraph: EGraph) -> int:
+    return sum(n for _, n in egraph.all_function_sizes())

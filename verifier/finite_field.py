@@ -1,0 +1,283 @@
+"""Finite-field fingerprints: evaluate program and instantiated sGraph exactly in Z_p.
+
+Every value carries its residue mod p and, while it can still reach an exponent, a shadow mod q
+with q | p - 1: `exp(x)` is g^(x mod q) in Z_p with g of order q, so exp(a + b) = exp(a) exp(b)
+holds exactly (Mirage's construction; p = 2q + 1 ≈ 2^31 here instead of 16-bit fields). Arithmetic
+is exact, so there is no tolerance: a mismatch proves the two computations differ (for the
+modelled ops). Ops outside {+, -, *, /, exp} (sqrt, relu, max, and exp of a value that already
+went through exp) are uninterpreted: random low-degree polynomials drawn per trial, the same on
+both sides, so any computation that applies them to equal arguments agrees.
+
+Equal fingerprints are a probabilistic statement: a nonzero difference of total degree D vanishes
+at a random point with probability ≤ D/p (Schwartz–Zippel), and exponents collide with probability
+about D_exp/q; k independent trials multiply. `error_bound` reports that figure.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import Any
+
+import numpy as np
+
+from superopt.instantiate import Instance
+from superopt.interpreter import run as run_sgraph
+from superopt.primitives import Algebra, ArrayAlgebra, apply
+from superopt.program import Program
+
+P = 2147483783  # prime, P = 2 Q + 1
+Q = 1073741891  # prime
+G = 9  # 3^2 has order Q in Z_P^* (P - 1 = 2 Q)
+POISON = -1  # never a residue: an unwritten output element fails every comparison
+UF_DEGREE = 3
+
+
+@dataclass
+class FF:
+    """A tensor over Z_P with an optional exponent shadow over Z_Q."""
+
+    p: np.ndarray
+    q: np.ndarray | None
+
+
+def _mulmod(a: np.ndarray, b: np.ndarray, m: int) -> np.ndarray:
+    return (a * b) % m  # both < 2^31: the product fits in int64
+
+
+def _powmod(base: np.ndarray, exp: int, m: int) -> np.ndarray:
+    result = np.ones_like(base)
+    b = base % m
+    while exp:
+        if exp & 1:
+            result = _mulmod(result, b, m)
+        b = _mulmod(b, b, m)
+        exp >>= 1
+    return result
+
+
+def _inv(a: np.ndarray, m: int) -> np.ndarray:
+    return _powmod(a, m - 2, m)  # Fermat; 0 maps to 0
+
+
+# g^(j * 16^i) for every 4-bit digit j of an exponent and digit position i.
+_G_TABLE = np.array([[pow(G, j << (4 * i), P) for j in range(16)] for i in range(8)], dtype=np.int64)
+
+
+def _exp_g(e: np.ndarray) -> np.ndarray:
+    """g^e mod P for an array of exponents in [0, Q), one table lookup per 4-bit digit."""
+    out = _G_TABLE[0][e & 15]
+    for i in range(1, 8):
+        out = _mulmod(out, _G_TABLE[i][(e >> (4 * i)) & 15], P)
+    return out
+
+
+def _matmul_mod(a: np.ndarray, b: np.ndarray, m: int) -> np.ndarray:
+    """Exact (a @ b) mod m: 16-bit limbs multiplied in float64 (exact below 2^53)."""
+    a1, a0 = (a >> 16).astype(np.float64), (a & 0xFFFF).astype(np.float64)
+    b1, b0 = (b >> 16).astype(np.float64), (b & 0xFFFF).astype(np.float64)
+
+    def mm(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+        return np.matmul(x, y).astype(np.int64) % m
+
+    hi, mid, lo = mm(a1, b1), (mm(a1, b0) + mm(a0, b1)) % m, mm(a0, b0)
+    return ((hi * ((1 << 32) % m)) % m + (mid * (1 << 16)) % m + lo) % m
+
+
+def _const_mod(value: float, m: int) -> int:
+    f = Fraction(value)
+    return f.numerator % m * pow(f.denominator % m, m - 2, m) % m
+
+
+class FieldAlgebra(ArrayAlgebra[FF]):
+    """Exact Z_P arithmetic with a Z_Q exponent shadow; uninterpreted ops drawn from `rng`."""
+
+    def __init__(self, rng: np.random.Generator) -> None:
+        draw = lambda m: [int(x) for x in rng.integers(1, m, UF_DEGREE + 1)]
+        self.uf = {name: (draw(P), draw(Q)) for name in ("sqrt", "relu", "max", "exp")}
+
+    def _uf(self, name: str, x: FF) -> FF:
+        cp, cq = self.uf[name]
+        return FF(_poly(cp, x.p, P), None if x.q is None else _poly(cq, x.q, Q))
+
+    def _lift(self, fn: Any, *xs: FF) -> FF:
+        p = fn(*(x.p for x in xs), P)
+        q = None if any(x.q is None for x in xs) else fn(*(x.q for x in xs), Q)
+        return FF(p, q)
+
+    def const(self, value: float) -> FF:
+        return FF(np.array(_const_mod(value, P), dtype=np.int64), np.array(_const_mod(value, Q), dtype=np.int64))
+
+    def add(self, a: FF, b: FF) -> FF:
+        return self._lift(lambda x, y, m: (x + y) % m, a, b)
+
+    def sub(self, a: FF, b: FF) -> FF:
+        return self._lift(lambda x, y, m: (x - y) % m, a, b)
+
+    def mul(self, a: FF, b: FF) -> FF:
+        return self._lift(_mulmod, a, b)
+
+    def div(self, a: FF, b: FF) -> FF:
+        return self._lift(lambda x, y, m: _mulmod(x, _inv(y, m), m), a, b)
+
+    def neg(self, a: FF) -> FF:
+        return self._lift(lambda x, m: (-x) % m, a)
+
+    def exp(self, a: FF) -> FF:
+        if a.q is None:  # exp of an exp: outside the exact fragment
+            return self._uf("exp", a)
+        return FF(_exp_g(a.q), None)
+
+    def sqrt(self, a: FF) -> FF:
+        return self._uf("sqrt", a)
+
+    def relu(self, a: FF) -> FF:
+        return self._uf("relu", a)
+
+    def sum(self, a: FF, dim: int, keepdim: bool) -> FF:
+        return self._lift(lambda x, m: np.sum(x, axis=dim, keepdims=keepdim) % m, a)
+
+    def max(self, a: FF, dim: int, keepdim: bool) -> FF:
+        # A symmetric uninterpreted function of the reduced elements.
+        return self.sum(self._uf("max", a), dim, keepdim)
+
+    def mean(self, a: FF, dim: int, keepdim: bool, n: Any) -> FF:
+        return self.div(self.sum(a, dim, keepdim), self.const(float(n)))
+
+    def matmul(self, a: FF, b: FF) -> FF:
+        return self._lift(_matmul_mod, a, b)
+
+    def transpose(self, a: FF, perm: Sequence[int]) -> FF:
+        return self._lift(lambda x, m: np.transpose(x, perm), a)
+
+    def reshape(self, a: FF, shape: Sequence[int]) -> FF:
+        return self._lift(lambda x, m: np.reshape(x, tuple(shape)), a)
+
+    def take(self, a: FF, index: tuple[slice, ...]) -> FF:
+        return FF(a.p[index], None if a.q is None else a.q[index])
+
+    def poison(self, shape: Sequence[int]) -> FF:
+        return FF(np.full(tuple(shape), POISON, dtype=np.int64), np.full(tuple(shape), POISON, dtype=np.int64))
+
+    def put(self, buf: FF, index: tuple[slice, ...], value: FF) -> None:
+        buf.p[index] = value.p
+        if buf.q is not None:
+            if value.q is None:
+                buf.q = None
+            else:
+                buf.q[index] = value.q
+
+    def concat(self, parts: Sequence[FF], dim: int) -> FF:
+        p = np.concatenate([x.p for x in parts], axis=dim)
+        qs = [x.q for x in parts]
+        return FF(p, None if any(q is None for q in qs) else np.concatenate(qs, axis=dim))  # type: ignore[arg-type]
+
+    def round(self, a: FF, storage: Any) -> FF:
+        return a
+
+
+def _poly(coeffs: list[int], x: np.ndarray, m: int) -> np.ndarray:
+    out = np.full_like(x, coeffs[0])
+    for c in coeffs[1:]:
+        out = (_mulmod(out, x, m) + c) % m
+    return out
+
+
+def random_field_inputs(program: Program, rng: np.random.Generator) -> dict[str, FF]:
+    return {
+        n.id: FF(rng.integers(0, P, n.shape, dtype=np.int64), rng.integers(0, Q, n.shape, dtype=np.int64))
+        for n in program.inputs
+    }
+
+
+def evaluate_program(program: Program, inputs: Mapping[str, FF], alg: FieldAlgebra) -> list[FF]:
+    values: dict[str, FF] = dict(inputs)
+    for n in program.topological():
+        if n.op != "input":
+            args = [values[i] for i in n.inputs]
+            values[n.id] = apply(alg, n.op, args, n.attrs, [program.nodes[i].shape for i in n.inputs])
+    return [values[o] for o in program.outputs]
+
+
+@dataclass
+class FieldCheck:
+    passed: bool
+    trials: int
+    error_bound: float  # probability that a wrong sGraph passes every trial
+    mismatch: str = ""
+
+
+def check(program: Program, inst: Instance, trials: int = 2, seed: int = 0) -> FieldCheck:
+    """Compare fingerprints of `program` and the instantiated sGraph over `trials` random points."""
+    deg, deg_exp = degree_bounds(program)
+    per_trial = min(1.0, deg / P + deg_exp / Q)
+    for trial in range(trials):
+        rng = np.random.default_rng([seed, trial])
+        alg = FieldAlgebra(rng)
+        inputs = random_field_inputs(program, rng)
+        want = evaluate_program(program, inputs, alg)
+        got = run_sgraph(inst, inputs, alg)
+        for i, (w, g) in enumerate(zip(want, got, strict=True)):
+            if w.p.shape != g.p.shape or not np.array_equal(w.p, g.p):
+                bad = int(np.sum(w.p != g.p)) if w.p.shape == g.p.shape else -1
+                what = f"output {i}: {bad} of {w.p.size} elements differ" if bad >= 0 else f"output {i}: shape differs"
+                return FieldCheck(False, trial + 1, per_trial ** (trial + 1), f"trial {trial}: {what}")
+    return FieldCheck(True, trials, per_trial**trials)
+
+
+class _Degree(Algebra[tuple[int, int]]):
+    """(polynomial degree, exponent degree) bounds, treating a/b as a polynomial of deg a + deg b."""
+
+    def const(self, value: float) -> tuple[int, int]:
+        return 0, 0
+
+    def add(self, a: tuple[int, int], b: tuple[int, int]) -> tuple[int, int]:
+        return max(a[0], b[0]), max(a[1], b[1])
+
+    sub = add
+
+    def mul(self, a: tuple[int, int], b: tuple[int, int]) -> tuple[int, int]:
+        return a[0] + b[0], max(a[1], b[1])
+
+    div = mul
+    matmul = mul
+
+    def neg(self, a: tuple[int, int]) -> tuple[int, int]:
+        return a
+
+    def exp(self, a: tuple[int, int]) -> tuple[int, int]:
+        return 1, max(a[1], a[0])
+
+    def sqrt(self, a: tuple[int, int]) -> tuple[int, int]:
+        return UF_DEGREE * a[0], a[1]
+
+    relu = sqrt
+
+    def sum(self, a: tuple[int, int], dim: int, keepdim: bool) -> tuple[int, int]:
+        return a
+
+    def max(self, a: tuple[int, int], dim: int, keepdim: bool) -> tuple[int, int]:
+        return UF_DEGREE * a[0], a[1]
+
+    def mean(self, a: tuple[int, int], dim: int, keepdim: bool, n: Any) -> tuple[int, int]:
+        return a
+
+    def transpose(self, a: tuple[int, int], perm: Sequence[int]) -> tuple[int, int]:
+        return a
+
+    def reshape(self, a: tuple[int, int], shape: Sequence[int]) -> tuple[int, int]:
+        return a
+
+
+def degree_bounds(program: Program) -> tuple[int, int]:
+    alg = _Degree()
+    values: dict[str, tuple[int, int]] = {}
+    for n in program.topological():
+        if n.op == "input":
+            values[n.id] = (1, 0)
+        else:
+            args = [values[i] for i in n.inputs]
+            values[n.id] = apply(alg, n.op, args, n.attrs, [program.nodes[i].shape for i in n.inputs])
+    # The difference of two rational functions of degree D compares by cross-multiplication: 2D.
+    return max(2 * values[o][0] for o in program.outputs), max(2 * values[o][1] for o in program.outputs)

@@ -1,0 +1,255 @@
+"""The prover's rewrite rules, as data: each with its side conditions and a concrete example.
+
+No rule mentions a size. Side conditions are about dims (`d != d2`, `d <= -3`) and about axes:
+`indep(E, a)` (E does not depend on axis a; derived syntactically in the e-graph) and `a != b`.
+Rules move layout operators outward (from the inputs where the lowering puts them toward the
+accumulators and outputs where they cancel), so saturation stays small.
+
+`example(rng)` builds concrete bindings for a rule (tensors of random sizes, axes of random sizes,
+tile families that depend on an axis wherever the rule allows it); the test suite evaluates both
+sides in float64 on several of them (`superopt.verifier.term_eval`) before any proof is trusted.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from superopt.verifier import terms as t
+from superopt.verifier.term_eval import Bindings
+from superopt.verifier.terms import AxisVar, ConstVar, DimVar, Term, Var
+
+A, B, E, S = Var("A"), Var("B"), Var("E"), Var("S")
+d, d2 = DimVar("d"), DimVar("d2")
+a, b = AxisVar("a"), AxisVar("b")
+c = ConstVar("c")
+
+# A side condition: ("indep", tensor var, axis var) | ("ne_dim", d, d2) | ("le_dim", d, int)
+# | ("ne_axis", a, b) | ("lt_dim", d, d2)
+Cond = tuple[str, object, object]
+
+
+@dataclass(frozen=True)
+class Rule:
+    name: str
+    lhs: Term
+    rhs: Term
+    conds: tuple[Cond, ...] = ()
+    example: Callable[[np.random.Generator], Bindings] = field(default=lambda rng: Bindings(), compare=False)
+    free: tuple[str, ...] = ()  # AxisVar names free on both sides (checked at every index)
+
+
+def _rand(rng: np.random.Generator, *shape: int) -> np.ndarray:
+    return rng.standard_normal(shape) + 0.1
+
+
+def _family(rng: np.random.Generator, axes: list[str], sizes: dict[str, int], shape: tuple[int, ...]):
+    """A tile family: a different random array for every index of `axes`."""
+    table: dict[tuple[int, ...], np.ndarray] = {}
+
+    def value(idx: dict[str, int]) -> np.ndarray:
+        key = tuple(idx[x] for x in axes)
+        if key not in table:
+            table[key] = _rand(rng, *shape)
+        return table[key]
+
+    for x in axes:
+        assert x in sizes
+    return value
+
+
+def _axes(rng: np.random.Generator, *names: str) -> dict[str, int]:
+    return {n: int(rng.integers(2, 4)) for n in names}
+
+
+def _ex_part_commute(rng: np.random.Generator) -> Bindings:
+    sizes = _axes(rng, "x", "y")
+    shape = (sizes["x"] * 2, sizes["y"] * 3)
+    return Bindings(tensors={"E": _family(rng, ["x", "y"], sizes, shape)}, dims={"d": -2, "d2": -1},
+                    axes={"a": "x", "b": "y"}, sizes=sizes)
+
+
+def _ex_cat_part(rng: np.random.Generator) -> Bindings:
+    sizes = _axes(rng, "x")
+    return Bindings(tensors={"E": _rand(rng, 3, sizes["x"] * 2)}, dims={"d": -1}, axes={"a": "x"}, sizes=sizes)
+
+
+def _ex_part_cat(rng: np.random.Generator) -> Bindings:
+    sizes = _axes(rng, "x")
+    return Bindings(tensors={"E": _family(rng, ["x"], sizes, (2, 3))}, dims={"d": -2}, axes={"a": "x"}, sizes=sizes)
+
+
+def _ex_cat_commute(rng: np.random.Generator) -> Bindings:
+    sizes = _axes(rng, "x", "y")
+    return Bindings(tensors={"E": _family(rng, ["x", "y"], sizes, (2, 3))}, dims={"d": -2, "d2": -1},
+                    axes={"a": "x", "b": "y"}, sizes=sizes)
+
+
+def _ex_binary_parts(rng: np.random.Generator) -> Bindings:
+    sizes = _axes(rng, "x")
+    shape = (sizes["x"] * 2, 3)
+    return Bindings(tensors={"A": _family(rng, ["x"], sizes, shape), "B": _family(rng, ["x"], sizes, shape)},
+                    dims={"d": -2}, axes={"a": "x"}, sizes=sizes)
+
+
+def _ex_binary_bcast(rng: np.random.Generator) -> Bindings:
+    sizes = _axes(rng, "x")
+    a_family, b_family = _family(rng, ["x"], sizes, (3, sizes["x"] * 2)), _family(rng, ["x"], sizes, (3, 1))
+    return Bindings(tensors={"A": a_family, "B": b_family},
+                    dims={"d": -1}, axes={"a": "x"}, sizes=sizes)
+
+
+def _ex_binary_const(rng: np.random.Generator) -> Bindings:
+    sizes = _axes(rng, "x")
+    return Bindings(tensors={"A": _family(rng, ["x"], sizes, (sizes["x"] * 2, 3))}, dims={"d": -2},
+                    axes={"a": "x"}, consts={"c": float(rng.uniform(0.5, 2.0))}, sizes=sizes)
+
+
+def _ex_unary(rng: np.random.Generator) -> Bindings:
+    sizes = _axes(rng, "x")
+    return Bindings(tensors={"A": lambda idx, f=_family(rng, ["x"], sizes, (sizes["x"] * 2, 3)): np.abs(f(idx))},
+                    dims={"d": -2}, axes={"a": "x"}, sizes=sizes)
+
+
+def _ex_reduce_other(rng: np.random.Generator) -> Bindings:
+    sizes = _axes(rng, "x")
+    return Bindings(tensors={"E": _family(rng, ["x"], sizes, (2, sizes["x"] * 2, 3))}, dims={"d": -2, "d2": -1},
+                    axes={"a": "x"}, sizes=sizes)
+
+
+def _ex_bcast_other(rng: np.random.Generator) -> Bindings:
+    sizes = _axes(rng, "x")
+    return Bindings(tensors={"E": _family(rng, ["x"], sizes, (sizes["x"] * 2, 1))}, dims={"d": -2, "d2": -1},
+                    axes={"a": "x"}, sizes=sizes)
+
+
+def _ex_squeeze(before: bool) -> Callable[[np.random.Generator], Bindings]:
+    def make(rng: np.random.Generator) -> Bindings:
+        sizes = _axes(rng, "x")
+        shape = (sizes["x"] * 2, 1, 3) if before else (3, 1, sizes["x"] * 2)
+        return Bindings(tensors={"E": _family(rng, ["x"], sizes, shape)},
+                        dims={"d": -3 if before else -1, "d2": -2}, axes={"a": "x"}, sizes=sizes)
+    return make
+
+
+def _ex_bcast_commute(rng: np.random.Generator) -> Bindings:
+    return Bindings(tensors={"E": _rand(rng, 1, 1)}, dims={"d": -2, "d2": -1})
+
+
+def _ex_matmul(kind: str) -> Callable[[np.random.Generator], Bindings]:
+    def make(rng: np.random.Generator) -> Bindings:
+        sizes = _axes(rng, "x")
+        k = sizes["x"]
+        shapes = {
+            "rows": ((2, 2 * k, 3), (2, 3, 4)), "cols": ((2, 2, 3), (2, 3, 2 * k)),
+            "batch": ((2 * k, 2, 3), (2 * k, 3, 4)), "contract": ((2, 2, 3 * k), (2, 3 * k, 4)),
+        }[kind]
+        fam = kind != "contract"
+        ta = _family(rng, ["x"], sizes, shapes[0]) if fam else _rand(rng, *shapes[0])
+        tb = _family(rng, ["x"], sizes, shapes[1]) if fam else _rand(rng, *shapes[1])
+        return Bindings(tensors={"A": ta, "B": tb}, dims={"d": -3}, axes={"a": "x"}, sizes=sizes)
+    return make
+
+
+def _ex_row_scale(rng: np.random.Generator) -> Bindings:
+    scale = np.abs(_rand(rng, 2, 4, 1)) + 0.5
+    return Bindings(tensors={"A": _rand(rng, 2, 4, 3), "S": scale, "B": _rand(rng, 2, 3, 5)})
+
+
+def _ex_over_reduce(rng: np.random.Generator) -> Bindings:
+    sizes = _axes(rng, "x")
+    return Bindings(tensors={"E": _rand(rng, 3, sizes["x"] * 2)}, dims={"d": -1}, axes={"a": "x"}, sizes=sizes)
+
+
+def _ex_over_part_other(rng: np.random.Generator) -> Bindings:
+    sizes = _axes(rng, "x", "y")
+    return Bindings(tensors={"E": _family(rng, ["x", "y"], sizes, (sizes["y"] * 2, 3))}, dims={"d": -2},
+                    axes={"a": "x", "b": "y"}, sizes=sizes)
+
+
+def _ex_over_add(rng: np.random.Generator) -> Bindings:
+    sizes = _axes(rng, "x")
+    return Bindings(tensors={"A": _family(rng, ["x"], sizes, (2, 3)), "B": _family(rng, ["x"], sizes, (2, 3))},
+                    axes={"a": "x"}, sizes=sizes)
+
+
+def _ex_indep(rng: np.random.Generator) -> Bindings:
+    sizes = _axes(rng, "x")
+    return Bindings(tensors={"E": _rand(rng, 2, 3)}, axes={"a": "x"}, sizes=sizes)
+
+
+def _ex_comm(rng: np.random.Generator) -> Bindings:
+    return Bindings(tensors={"A": _rand(rng, 2, 3), "B": _rand(rng, 2, 3)})
+
+
+def _binary_rules() -> list[Rule]:
+    out: list[Rule] = []
+    for op in t.ELEMENTWISE_BINARY:
+        out.append(Rule(f"part-{op}", t.binary(op, t.part(A, d, a), t.part(B, d, a)), t.part(t.binary(op, A, B), d, a),
+                        example=_ex_binary_parts, free=("a",)))
+        out.append(Rule(f"part-{op}-bcast-right", t.binary(op, t.part(A, d, a), t.bcast(B, d)),
+                        t.part(t.binary(op, A, t.bcast(B, d)), d, a), example=_ex_binary_bcast, free=("a",)))
+        out.append(Rule(f"part-{op}-const-right", t.binary(op, t.part(A, d, a), t.const(c)),
+                        t.part(t.binary(op, A, t.const(c)), d, a), example=_ex_binary_const, free=("a",)))
+        if op in ("sub", "div"):  # add and mul reach the left-hand forms by commutativity
+            out.append(Rule(f"part-{op}-bcast-left", t.binary(op, t.bcast(B, d), t.part(A, d, a)),
+                            t.part(t.binary(op, t.bcast(B, d), A), d, a), example=_ex_binary_bcast, free=("a",)))
+            out.append(Rule(f"part-{op}-const-left", t.binary(op, t.const(c), t.part(A, d, a)),
+                            t.part(t.binary(op, t.const(c), A), d, a), example=_ex_binary_const, free=("a",)))
+    return out
+
+
+RULES: list[Rule] = [
+    # -- layout -----------------------------------------------------------------------------
+    Rule("part-commute", t.part(t.part(E, d, a), d2, b), t.part(t.part(E, d2, b), d, a), (("ne_dim", d, d2),),
+         _ex_part_commute, ("a", "b")),
+    Rule("cat-of-parts", t.cat_over(t.part(E, d, a), d, a), E, (("indep", E, a),), _ex_cat_part),
+    Rule("part-of-cat", t.part(t.cat_over(E, d, a), d, a), E, (), _ex_part_cat, ("a",)),
+    Rule("cat-commute", t.cat_over(t.cat_over(E, d, a), d2, b), t.cat_over(t.cat_over(E, d2, b), d, a),
+         (("ne_dim", d, d2), ("ne_axis", a, b)), _ex_cat_commute),
+    Rule("bcast-commute", t.bcast(t.bcast(E, d), d2), t.bcast(t.bcast(E, d2), d), (("ne_dim", d, d2),),
+         _ex_bcast_commute),
+    Rule("part-bcast-other", t.bcast(t.part(E, d, a), d2), t.part(t.bcast(E, d2), d, a), (("ne_dim", d, d2),),
+         _ex_bcast_other, ("a",)),
+    Rule("part-squeeze-after", t.squeeze(t.part(E, d, a), d2), t.part(t.squeeze(E, d2), d, a), (("lt_dim", d2, d),),
+         _ex_squeeze(before=False), ("a",)),
+    Rule("part-squeeze-before", t.squeeze(t.part(E, d, a), d2), t.part(t.squeeze(E, d2), DimVar("d", 1), a),
+         (("lt_dim", d, d2),), _ex_squeeze(before=True), ("a",)),
+    # -- elementwise ops move tile maps outward -------------------------------------------------
+    *_binary_rules(),
+    *[Rule(f"part-{op}", t.unary(op, t.part(A, d, a)), t.part(t.unary(op, A), d, a), (), _ex_unary, ("a",))
+      for op in t.ELEMENTWISE_UNARY],
+    *[Rule(f"part-{op}-other-dim", t.reduce(op, t.part(E, d, a), d2), t.part(t.reduce(op, E, d2), d, a),
+           (("ne_dim", d, d2),), _ex_reduce_other, ("a",)) for op in t.REDUCTIONS],
+    # -- matmul -----------------------------------------------------------------------------
+    Rule("matmul-rows", t.matmul(t.part(A, -2, a), B), t.part(t.matmul(A, B), -2, a), (), _ex_matmul("rows"), ("a",)),
+    Rule("matmul-cols", t.matmul(A, t.part(B, -1, a)), t.part(t.matmul(A, B), -1, a), (), _ex_matmul("cols"), ("a",)),
+    Rule("matmul-batch", t.matmul(t.part(A, d, a), t.part(B, d, a)), t.part(t.matmul(A, B), d, a), (("le_dim", d, -3),),
+         _ex_matmul("batch"), ("a",)),
+    Rule("matmul-contract", t.sum_over(t.matmul(t.part(A, -1, a), t.part(B, -2, a)), a), t.matmul(A, B),
+         (("indep", A, a), ("indep", B, a)), _ex_matmul("contract")),
+    Rule("matmul-row-scale-div", t.matmul(t.binary("div", A, t.bcast(S, -1)), B),
+         t.binary("div", t.matmul(A, B), t.bcast(S, -1)), (), _ex_row_scale),
+    Rule("matmul-row-scale-mul", t.matmul(t.binary("mul", A, t.bcast(S, -1)), B),
+         t.binary("mul", t.matmul(A, B), t.bcast(S, -1)), (), _ex_row_scale),
+    # -- reductions over an axis --------------------------------------------------------------
+    Rule("sum-over-tile-sums", t.sum_over(t.reduce("sum", t.part(E, d, a), d), a), t.reduce("sum", E, d),
+         (("indep", E, a),), _ex_over_reduce),
+    Rule("mean-over-tile-means", t.mean_over(t.reduce("mean", t.part(E, d, a), d), a), t.reduce("mean", E, d),
+         (("indep", E, a),), _ex_over_reduce),
+    Rule("sum-over-part-other", t.sum_over(t.part(E, d, b), a), t.part(t.sum_over(E, a), d, b), (("ne_axis", a, b),),
+         _ex_over_part_other, ("b",)),
+    Rule("mean-over-part-other", t.mean_over(t.part(E, d, b), a), t.part(t.mean_over(E, a), d, b),
+         (("ne_axis", a, b),), _ex_over_part_other, ("b",)),
+    Rule("sum-over-add", t.sum_over(t.binary("add", A, B), a), t.binary("add", t.sum_over(A, a), t.sum_over(B, a)),
+         (), _ex_over_add),
+    Rule("mean-over-invariant", t.mean_over(E, a), E, (("indep", E, a),), _ex_indep),
+    # -- algebra ------------------------------------------------------------------------------
+    Rule("add-comm", t.binary("add", A, B), t.binary("add", B, A), (), _ex_comm),
+    Rule("mul-comm", t.binary("mul", A, B), t.binary("mul", B, A), (), _ex_comm),
+]
+
+RULES_BY_NAME = {r.name: r for r in RULES}
+assert len(RULES_BY_NAME) == len(RULES), "rule names must be unique"

@@ -1,0 +1,108 @@
+"""Evaluate terms on float64 numpy arrays, with concrete axis sizes: the ground truth for rules.
+
+Rules are checked, not trusted: each rewrite rule of the prover is evaluated on random concrete
+instances (tensors of several sizes, axes of several sizes, tensors that depend on an axis where
+the rule allows it) and both sides must agree. A tensor binding may be an array or a function of
+the axis indices (a tile family).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from superopt.verifier.terms import AxisVar, ConstVar, DimVar, Term, Var
+
+TensorValue = np.ndarray | Callable[[Mapping[str, int]], np.ndarray]
+
+
+@dataclass
+class Bindings:
+    tensors: dict[str, TensorValue] = field(default_factory=dict)
+    dims: dict[str, int] = field(default_factory=dict)
+    axes: dict[str, str] = field(default_factory=dict)  # AxisVar name -> axis name
+    consts: dict[str, float] = field(default_factory=dict)
+    sizes: dict[str, int] = field(default_factory=dict)  # axis name -> size
+
+
+class EvalError(ValueError):
+    """A term that is ill-formed for the bound sizes (e.g. a split that does not divide)."""
+
+
+def _param(p: object, b: Bindings) -> object:
+    if isinstance(p, DimVar):
+        return b.dims[p.name] + p.offset
+    if isinstance(p, AxisVar):
+        return b.axes[p.name]
+    if isinstance(p, ConstVar):
+        return b.consts[p.name]
+    return p
+
+
+def evaluate(t: Term, b: Bindings, idx: Mapping[str, int] | None = None) -> np.ndarray:
+    idx = dict(idx or {})
+    if isinstance(t, Var):
+        return _tensor(b.tensors[t.name], idx)
+    params = [_param(p, b) for p in t.params]
+    op = t.op
+    if op == "inp":
+        return _tensor(b.tensors[str(params[0])], idx)
+    if op == "const":
+        return np.asarray(float(params[0]))  # type: ignore[arg-type]
+    kids = t.children
+    if op in ("sum_over", "mean_over", "cat_over"):
+        axis = str(params[-1])
+        parts = [evaluate(kids[0], b, {**idx, axis: i}) for i in range(b.sizes[axis])]
+        if op == "cat_over":
+            return np.concatenate(parts, axis=int(params[0]))  # type: ignore[arg-type]
+        total = np.sum(parts, axis=0)
+        return total / len(parts) if op == "mean_over" else total
+    vals = [evaluate(c, b, idx) for c in kids]
+    if op in ("add", "sub", "mul", "div"):
+        fn = {"add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.divide}[op]
+        return fn(vals[0], vals[1])
+    if op in ("neg", "exp", "sqrt", "relu"):
+        fn1 = {"neg": np.negative, "exp": np.exp, "sqrt": np.sqrt, "relu": lambda x: np.maximum(x, 0.0)}[op]
+        return fn1(vals[0])
+    x = vals[0]
+    if op in ("sum", "mean", "max"):
+        return getattr(np, op)(x, axis=int(params[0]), keepdims=True)  # type: ignore[arg-type]
+    if op in ("bcast", "squeeze"):
+        d = int(params[0])  # type: ignore[arg-type]
+        if -d <= x.ndim and x.shape[d] != 1:
+            raise EvalError(f"{op} on dim {d} of shape {x.shape}, which is not 1")
+        return np.squeeze(x, axis=d) if op == "squeeze" else x
+    if op == "matmul":
+        return np.matmul(x, vals[1])
+    if op == "transpose":
+        return np.transpose(x, [int(v) for v in str(params[0]).split(",")])
+    if op == "reshape":
+        return np.reshape(x, [int(v) for v in str(params[0]).split(",")])
+    if op == "part":
+        d, axis = int(params[0]), str(params[1])  # type: ignore[arg-type]
+        n, k = x.shape[d], b.sizes[axis]
+        if n % k:
+            raise EvalError(f"part of dim {d} (size {n}) into {k} tiles")
+        w = n // k
+        sl = [slice(None)] * x.ndim
+        sl[d] = slice(idx[axis] * w, (idx[axis] + 1) * w)
+        return x[tuple(sl)]
+    raise EvalError(f"no evaluation for op {op!r}")
+
+
+def _tensor(v: TensorValue, idx: Mapping[str, int]) -> np.ndarray:
+    return v(idx) if callable(v) else v
+
+
+def agree(lhs: Term, rhs: Term, b: Bindings, free: list[str], rtol: float = 1e-9) -> bool:
+    """Both sides have equal shapes and values for every index of the free axes."""
+    combos: list[dict[str, int]] = [{}]
+    for axis in free:
+        combos = [{**c, axis: i} for c in combos for i in range(b.sizes[axis])]
+    for c in combos:
+        x, y = evaluate(lhs, b, c), evaluate(rhs, b, c)
+        if x.shape != y.shape or not np.allclose(x, y, rtol=rtol, atol=1e-12):
+            return False
+    return True
