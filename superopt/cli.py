@@ -14,6 +14,7 @@ from rich.console import Console
 from rich.table import Table
 
 from superopt import workloads
+from superopt.db.errors import RequestError, StoreError
 from superopt.instantiate import InstantiationError, instantiate, parse_params
 from superopt.loading import LoadError, kind_of, load_program, load_sgraph, read_json
 from superopt.ops import OpError
@@ -30,7 +31,7 @@ out = Console(highlight=False, soft_wrap=True, width=_WIDTH)
 err = Console(stderr=True, highlight=False, soft_wrap=True, width=_WIDTH)
 
 USER_ERRORS: tuple[type[Exception], ...] = (
-    ProgramError, SGraphError, InstantiationError, LoadError, OpError, SizeError,
+    ProgramError, SGraphError, InstantiationError, LoadError, OpError, SizeError, StoreError, RequestError,
 )
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -147,6 +148,39 @@ def run(
 
 @app.command()
 @user_errors
+def verify(
+    spec: Annotated[str, typer.Argument(help="built-in workload or program JSON file")],
+    sgraph: Annotated[str, typer.Argument(help="sGraph JSON file, or 'reference' / 'baseline'")],
+    params: Annotated[str, typer.Option(help="also check at the program's shapes with these values")] = "",
+    target: Annotated[str, typer.Option(help="target whose limits instantiations must meet")] = "h100",
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+) -> None:
+    """Prove an sGraph equal to a program: finite fields, e-graph proof, float check."""
+    from superopt.verifier.verify import verify as run_verify
+
+    program = load_program(spec)
+    sg = load_sgraph(sgraph, program, spec)
+    verdict = run_verify(program, sg, target=get_target(target), params=parse_params(params) if params else None)
+    if as_json:
+        emit_json(verdict.to_json())
+    else:
+        table = Table("layer", "passed", "ms", "detail")
+        for layer in verdict.layers:
+            detail = layer["detail"]
+            if layer["layer"] == "egraph":
+                detail = (f"{detail['reason']}: {detail['rule_applications']} rule applications, "
+                          f"{detail['enodes']} e-nodes")
+            table.add_row(layer["layer"], "yes" if layer["passed"] else "NO", f"{layer['ms']:.1f}", str(detail))
+        out.print(table)
+        out.print(f"{sg.name}: {'PROVED' if verdict.proved else 'NOT PROVED'} "
+                  f"(e-graph {verdict.egraph}, finite-field error bound {verdict.finite_field_error_bound:.1e}, "
+                  f"float max rel err {verdict.float_max_rel_err:.2e})", markup=False)
+    if not verdict.proved:
+        raise typer.Exit(1)
+
+
+@app.command()
+@user_errors
 def demo() -> None:
     """The main job on the embedded defaults (interim: validate the built-in workloads and run
     their reference sGraphs in the interpreter at the :ci shapes)."""
@@ -169,6 +203,344 @@ def demo() -> None:
         table.add_row(name, program.canonical_hash()[:12], str(len(ref.kernels)), str(n_valid), f"{worst:.2e}")
     out.print(table)
 
+
+# -- jobs, the kernel cache, the HTTP service and workers (DESIGN.md §8) ------------------------------
+
+DbOption = Annotated[str | None, typer.Option(
+    "--db", help="database URL or SQLite file [default: $SUPEROPT_DB_URL, else ~/.cache/superopt/superopt.db]",
+)]
+JsonOption = Annotated[bool, typer.Option("--json", help="machine-readable output")]
+# A stand-in for superopt.api.optimize (tests, experiments); hidden from --help.
+OptimizerOption = Annotated[str | None, typer.Option(hidden=True, help="module:function to run instead of the search")]
+
+
+@app.command()
+@user_errors
+def submit(
+    spec: Annotated[str, typer.Argument(help="built-in workload or program JSON file")],
+    target: Annotated[str, typer.Option(help="auto (the local GPU, else h100 estimates), h100, h200 or a100")] = "auto",
+    budget_s: Annotated[float | None, typer.Option(help="search time budget in seconds")] = None,
+    max_states: Annotated[int | None, typer.Option(help="search state budget")] = None,
+    force: Annotated[bool, typer.Option(help="search even when the cache has the answer")] = False,
+    db: DbOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Queue an optimization job for the workers (`superopt worker`); print its id and state."""
+    from superopt.db.engine import open_database
+    from superopt.db.jobs import JobQueue
+    from superopt.jobspec import parse_request
+
+    program = load_program(spec)
+    options = {"target": target, "budget_s": budget_s, "max_states": max_states, "force": force}
+    req = parse_request({"program": program.to_json(), **{k: v for k, v in options.items() if v is not None}})
+    job = req.submit_to(JobQueue(open_database(db)), program)
+    if as_json:
+        emit_json(job.to_json())
+    elif job.cache_hit:
+        out.print(f"job {job.id} {job.state.value} from the cache (kernel {(job.result or {}).get('kernel_id')})")
+    else:
+        out.print(f"job {job.id} {job.state.value}")
+
+
+@app.command()
+@user_errors
+def status(
+    job_id: Annotated[int, typer.Argument(help="job id")], db: DbOption = None, as_json: JsonOption = False,
+) -> None:
+    """Show a job: state, progress, result or error."""
+    from superopt.db.engine import open_database
+    from superopt.db.jobs import JobQueue
+    from superopt.jobs_render import job_table
+
+    job = JobQueue(open_database(db)).get(job_id)
+    if as_json:
+        emit_json(job.to_json())
+    else:
+        out.print(job_table(job))
+
+
+@app.command()
+@user_errors
+def watch(
+    job_id: Annotated[int, typer.Argument(help="job id")],
+    interval: Annotated[float, typer.Option(min=0.05, help="seconds between updates")] = 0.5,
+    db: DbOption = None,
+) -> None:
+    """Follow a job's progress live until it finishes (exit 1 unless it succeeded)."""
+    import time
+
+    from rich.live import Live
+
+    from superopt.db.engine import open_database
+    from superopt.db.jobs import JobQueue
+    from superopt.jobs_render import job_table
+    from superopt.worker import describe
+
+    queue = JobQueue(open_database(db))
+    job = queue.get(job_id)
+    with Live(job_table(job), console=err, refresh_per_second=4, transient=True) as live:
+        while not job.state.terminal:
+            time.sleep(interval)
+            job = queue.get(job_id)
+            live.update(job_table(job))
+    out.print(job_table(job))
+    out.print(describe(job), markup=False)
+    if job.state.value != "succeeded":
+        raise typer.Exit(1)
+
+
+@app.command()
+@user_errors
+def cancel(job_id: Annotated[int, typer.Argument(help="job id")], db: DbOption = None) -> None:
+    """Cancel a queued or running job."""
+    from superopt.db.engine import open_database
+    from superopt.db.jobs import JobQueue
+
+    job = JobQueue(open_database(db)).cancel(job_id)
+    out.print(f"job {job.id} {job.state.value}")
+
+
+cache_app = typer.Typer(no_args_is_help=True, help="The kernel cache: list, show, export and invalidate winners.")
+app.add_typer(cache_app, name="cache")
+
+
+@cache_app.command("ls")
+@user_errors
+def cache_ls(
+    program_hash: Annotated[str | None, typer.Option("--hash", help="canonical program hash or a prefix")] = None,
+    target: Annotated[str | None, typer.Option(help="target name or fingerprint")] = None,
+    db: DbOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """List cached winners, newest first."""
+    from superopt.db.cache import KernelCache
+    from superopt.db.engine import open_database
+    from superopt.jobs_render import entries_table
+
+    entries = KernelCache(open_database(db)).entries(program_hash, target)
+    if as_json:
+        emit_json([e.to_json() for e in entries])
+    else:
+        out.print(entries_table(entries))
+
+
+@cache_app.command("show")
+@user_errors
+def cache_show(
+    kernel_id: Annotated[int, typer.Argument(help="kernel id (from `cache ls` or a job's result)")],
+    db: DbOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Show a stored kernel: sGraph, parameters, CUDA source, verdict, times."""
+    from superopt.db.cache import KernelCache
+    from superopt.db.engine import open_database
+    from superopt.jobs_render import kernel_text
+
+    kernel = KernelCache(open_database(db)).kernel(kernel_id)
+    if as_json:
+        emit_json(kernel)
+    else:
+        out.print(kernel_text(kernel), markup=False)
+
+
+@cache_app.command("export")
+@user_errors
+def cache_export(
+    kernel_id: Annotated[int, typer.Argument(help="kernel id of a cached winner")],
+    out_file: Annotated[Path | None, typer.Option("--out", "-o", help="write here instead of stdout")] = None,
+    db: DbOption = None,
+) -> None:
+    """Write a cached winner's full result report (JSON, as `superopt optimize --json`)."""
+    from superopt.db.cache import KernelCache
+    from superopt.db.engine import open_database
+
+    report = KernelCache(open_database(db)).report(kernel_id)
+    if out_file is None:
+        emit_json(report)
+    else:
+        out_file.write_text(json.dumps(report, indent=2) + "\n")
+        err.print(f"wrote {out_file}", markup=False)
+
+
+@cache_app.command("invalidate")
+@user_errors
+def cache_invalidate(
+    kernel_id: Annotated[int | None, typer.Argument(help="kernel id of one winner")] = None,
+    program_hash: Annotated[str | None, typer.Option("--hash", help="canonical program hash or a prefix")] = None,
+    target: Annotated[str | None, typer.Option(help="target name or fingerprint")] = None,
+    everything: Annotated[bool, typer.Option("--all", help="every winner")] = False,
+    db: DbOption = None,
+) -> None:
+    """Forget cached winners (their candidates stay as history); the next job searches again."""
+    from superopt.db.cache import KernelCache
+    from superopt.db.engine import open_database
+
+    if kernel_id is None and not (program_hash or target or everything):
+        raise RequestError("invalidate", "name a kernel id, --hash, --target or --all")
+    n = KernelCache(open_database(db)).invalidate(program_hash=program_hash, target=target, kernel_id=kernel_id)
+    out.print(f"invalidated {n} cached winner(s)")
+
+
+@app.command()
+@user_errors
+def batch(
+    file: Annotated[Path, typer.Argument(help="JSON-lines file: one program, built-in name or job request a line")],
+    local: Annotated[bool, typer.Option(help="run the jobs in this process instead of through workers")] = False,
+    target: Annotated[str | None, typer.Option(help="target of lines that name none [default: auto]")] = None,
+    budget_s: Annotated[float | None, typer.Option(help="search budget of lines that name none")] = None,
+    db: DbOption = None,
+    as_json: JsonOption = False,
+    optimizer: OptimizerOption = None,
+) -> None:
+    """Optimize every program of a file (one job each) and print a summary; cached ones are not searched again."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from superopt.batch import read_batch, run_batch, summary_rows
+    from superopt.db.engine import open_database
+    from superopt.jobs_render import batch_table
+    from superopt.worker import load_optimizer
+
+    defaults = {k: v for k, v in {"target": target, "budget_s": budget_s}.items() if v is not None}
+    entries = read_batch(file, defaults)
+    database = open_database(db)
+    optimize = load_optimizer(optimizer)
+    if not local:
+        err.print(f"{len(entries)} jobs queued; workers run them (`superopt worker`, or use --local)", markup=False)
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns, console=err, transient=True) as bar:
+        task = bar.add_task("batch", total=len(entries))
+
+        def progress(views: list[Any]) -> None:
+            done = [v for v in views if v.state.terminal]
+            hits = sum(1 for v in done if v.cache_hit)
+            bar.update(task, completed=len(done), description=f"batch ({hits} from the cache)")
+
+        views = run_batch(database, entries, local=local, optimize=optimize, on_progress=progress)
+    rows = summary_rows(entries, views)
+    if as_json:
+        emit_json(rows)
+    else:
+        out.print(batch_table(rows))
+        hits = sum(1 for r in rows if r["cache_hit"])
+        failed = sum(1 for r in rows if r["state"] != "succeeded")
+        searched = len(rows) - hits - failed
+        out.print(f"{len(rows)} jobs: {searched} searched, {hits} from the cache, {failed} not succeeded")
+    if any(r["state"] != "succeeded" for r in rows):
+        raise typer.Exit(1)
+
+
+@app.command()
+@user_errors
+def serve(
+    host: Annotated[str, typer.Option(help="address to listen on")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(min=1, max=65535)] = 8000,
+    max_body_bytes: Annotated[int, typer.Option(min=1024, help="largest request body accepted")] = 1 << 20,
+    db: DbOption = None,
+) -> None:
+    """Serve jobs and the kernel cache over HTTP (set SUPEROPT_TOKEN to require a bearer token)."""
+    import os
+
+    import uvicorn
+
+    from superopt.db.engine import open_database
+    from superopt.service import create_app
+
+    token = os.environ.get("SUPEROPT_TOKEN") or None
+    database = open_database(db)
+    if token is None and host not in ("127.0.0.1", "localhost", "::1"):
+        err.print(f"warning: serving on {host} without SUPEROPT_TOKEN: anyone who reaches it can submit jobs")
+    uvicorn.run(create_app(database, token=token, max_body_bytes=max_body_bytes), host=host, port=port)
+
+
+@app.command()
+@user_errors
+def worker(
+    db: DbOption = None,
+    once: Annotated[bool, typer.Option(help="exit when the queue is empty instead of waiting for jobs")] = False,
+    ray_address: Annotated[str | None, typer.Option(help="Ray cluster to search on (passed to the optimizer)")] = None,
+    lease_s: Annotated[float, typer.Option(min=1.0, help="seconds a job stays ours without a heartbeat")] = 60.0,
+    poll_s: Annotated[float, typer.Option(min=0.01, help="seconds between looks at an empty queue")] = 1.0,
+    optimizer: OptimizerOption = None,
+) -> None:
+    """Claim and run jobs from the queue; SIGTERM or Ctrl-C hands the current job back."""
+    import signal
+
+    from superopt.db.engine import open_database
+    from superopt.worker import Worker, load_optimizer
+
+    def stop(_signum: int, _frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    w = Worker(
+        open_database(db), optimize=load_optimizer(optimizer), lease_s=lease_s, poll_s=poll_s,
+        ray_address=ray_address, log=lambda line: out.print(line, markup=False),
+    )
+    err.print(f"worker {w.id} ({w.queue.db})", markup=False)
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        done = w.run(once=once)
+    except KeyboardInterrupt:
+        err.print(f"worker {w.id} stopped", markup=False)
+        return
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    err.print(f"worker {w.id}: {done} job(s), queue empty", markup=False)
+
+
+
+@app.command()
+@user_errors
+def export(
+    spec: Annotated[str, typer.Argument(help="built-in workload or program JSON file")],
+    cuda: Annotated[Path, typer.Option("--cuda", help="write the CUDA source (one compilable .cu file) here")],
+    sgraph: Annotated[
+        str | None, typer.Option(help="export this schedule instead of optimizing: sGraph JSON file, 'reference' "
+                                      "or 'baseline'")
+    ] = None,
+    params: Annotated[str, typer.Option(help="symbol values for --sgraph, e.g. gx=8,F=4 (default: the cost "
+                                             "model's best)")] = "",
+    target: Annotated[str, typer.Option(help="target the kernels are generated for")] = "h100",
+    as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
+) -> None:
+    """Write a program's best kernel(s) as one CUDA file, with launch parameters in its header."""
+    from superopt.codegen import CodegenError, describe_steps, generate
+    from superopt.costmodel import best_params, estimate
+
+    program = load_program(spec)
+    try:
+        tgt = get_target(target)
+    except ValueError as e:
+        raise LoadError(str(e)) from None
+    if sgraph is None:
+        if params:
+            raise LoadError("--params needs --sgraph (without it, the optimizer chooses the schedule)")
+        from superopt.api import optimize
+
+        best = optimize(program, target=target).best
+        sg, values = best.sgraph, dict(best.params)
+    else:
+        sg = load_sgraph(sgraph, program, spec)
+        check_matches(sg, program)
+        try:
+            values = parse_params(params) if params else best_params(sg, tgt)
+        except ValueError as e:
+            raise InstantiationError(str(e)) from None
+    inst = instantiate(sg, values, tgt)
+    try:
+        prog = generate(inst)
+    except CodegenError as e:
+        raise LoadError(f"cannot generate CUDA for {sg.name}: {e}") from None
+    cuda.write_text(prog.source)
+    if as_json:
+        emit_json({
+            "program": program.name, "hash": program.canonical_hash(), "sgraph": sg.name, "params": values,
+            "target": tgt.name, "file": str(cuda), "source_sha256": prog.source_hash,
+            "estimated_us": estimate(inst).time_us, "kernels": prog.launch_json(),
+        })
+        return
+    out.print(f"wrote {cuda}: {sg.name} {inst.params_text() or '(no params)'} for {tgt.name}", markup=False)
+    for line in describe_steps(prog):
+        out.print(f"  {line}", markup=False)
 
 def _tolerance(program: Program) -> float:
     from superopt.dtypes import dtype

@@ -4,13 +4,15 @@ Per kernel: time = launch overhead + max(DRAM time, compute time, loop-latency t
 - DRAM bytes are what the schedule really moves: a graph-defined kernel reads each input tile once
   per block, and once per loop iteration when the loop walks that input (so a replicated input is
   re-read by every block); it writes each output element once. Library kernels read their inputs
-  and write their output, so intermediates between them go through DRAM. Narrow tile rows waste
-  32-byte DRAM sectors, which the model charges.
+  and write their output, so intermediates between them go through DRAM, at `LIBRARY_BANDWIDTH`
+  of the peak. Narrow tile rows waste 32-byte DRAM sectors, which the model charges.
 - Compute uses the tensor-core peak for f16/bf16 matmuls whose tiles are multiples of 16 (what
   WMMA takes) and the FP32 peak otherwise.
-- Occupancy: bandwidth needs about `SATURATING_BLOCKS_PER_SM` resident blocks per SM (bytes in
-  flight); fewer blocks than that, or blocks so large in shared memory that fewer fit, scale the
-  achieved bandwidth down; fewer blocks than SMs scale compute down. Every loop iteration of a
+- Occupancy: DRAM bandwidth needs bandwidth x latency bytes in flight. Each resident block keeps
+  at most `IN_FLIGHT_PER_BLOCK` bytes of its per-iteration tile loads in flight (its threads'
+  outstanding loads), and an SM holds as many blocks as shared memory and threads allow, so few
+  blocks, small tiles or blocks too large for more than one per SM scale the achieved bandwidth
+  down; fewer blocks than SMs scale compute down. Every loop iteration of a
   block costs about `ITERATION_LATENCY_S` (a tile load round trip and barriers), overlapped across
   the blocks resident on an SM (as many as shared memory and threads allow).
 The physical floor of a program is its inputs read once plus outputs written once over bandwidth,
@@ -19,17 +21,23 @@ or its FLOPs over the tensor peak, whichever is larger.
 
 from __future__ import annotations
 
+import heapq
 import math
+import time
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 
+from superopt.assignments import enumerate_assignments
 from superopt.dtypes import dtype as get_dtype
 from superopt.instantiate import Instance
 from superopt.program import Program
-from superopt.sgraph import GraphKernel, LibraryKernel
+from superopt.sgraph import GraphKernel, LibraryKernel, SGraph
 from superopt.targets import Target
 
-SATURATING_BLOCKS_PER_SM = 4
-ITERATION_LATENCY_S = 1.0e-6
+DRAM_LATENCY_S = 0.6e-6  # bytes in flight needed to saturate DRAM: bandwidth x this latency
+IN_FLIGHT_PER_BLOCK = 16 * 1024  # 128 threads x 8 outstanding 16-byte loads
+ITERATION_LATENCY_S = 0.7e-6  # a tile load's round trip plus the barriers of one loop iteration
+LIBRARY_BANDWIDTH = 0.85  # fraction of peak DRAM bandwidth tuned library kernels sustain
 MAX_THREADS_PER_SM = 2048
 SECTOR_BYTES = 32
 
@@ -112,7 +120,7 @@ def _library(inst: Instance, k: LibraryKernel) -> KernelEstimate:
     dram = sum(math.prod(s) for s in in_shapes if s) * nbytes + math.prod(out_shape) * nbytes
     flops = op_flops(k.op, in_shapes, out_shape)
     peak = _matmul_peak(t, info.dtypes[k.output], *in_shapes) if k.op == "matmul" else t.fp32_flops
-    t_dram, t_comp = dram / t.dram_bytes_per_s, flops / peak
+    t_dram, t_comp = dram / (t.dram_bytes_per_s * LIBRARY_BANDWIDTH), flops / peak
     body = max(t_dram, t_comp)
     bound = "dram" if t_dram >= t_comp else "compute"
     if body < t.launch_overhead_s:
@@ -130,12 +138,15 @@ def _graph(inst: Instance, k: GraphKernel) -> KernelEstimate:
     nbytes = get_dtype(dt).nbytes
     dram_eff = 0.0
     dram = 0
+    per_iteration = 0  # bytes a block loads in each loop iteration
     for inp in b.inputs:
         tile = inst.tile(k.id, inp.id)
         reads = blocks * (loop if inp.fmap is not None else 1)
         moved = reads * math.prod(tile) * nbytes
         dram += moved
         dram_eff += moved / _sector_efficiency(tile, inst.shape(inp.tensor), nbytes)
+        if inp.fmap is not None or loop == 1:
+            per_iteration += math.prod(tile) * nbytes
     for o in b.outputs:
         moved = math.prod(inst.shape(o.tensor)) * nbytes
         dram += moved
@@ -152,8 +163,8 @@ def _graph(inst: Instance, k: GraphKernel) -> KernelEstimate:
     per_sm = max(1, min(MAX_THREADS_PER_SM // t.threads_per_block, t.smem_per_sm // max(inst.smem(k), 1)))
     resident = min(per_sm, math.ceil(blocks / t.sms))
     active_sms = min(blocks, t.sms)
-    # Bytes in flight come from resident blocks: an SM that fits one fat block cannot saturate.
-    bw_fraction = min(1.0, min(blocks, t.sms * per_sm) / (t.sms * SATURATING_BLOCKS_PER_SM))
+    in_flight = min(blocks, t.sms * per_sm) * min(max(per_iteration, 1), IN_FLIGHT_PER_BLOCK)
+    bw_fraction = min(1.0, in_flight / (t.dram_bytes_per_s * DRAM_LATENCY_S))
     waves_fraction = _wave_quantization(blocks, t.sms * per_sm)
     t_dram = dram_eff / (t.dram_bytes_per_s * bw_fraction) * waves_fraction
     t_comp = comp_s / (active_sms / t.sms) * waves_fraction
@@ -202,3 +213,51 @@ def floor(program: Program, target: Target) -> Floor:
             flops += op_flops(n.op, [program.nodes[i].shape for i in n.inputs], n.shape)
     time_s = max(dram / target.dram_bytes_per_s, flops / target.tensor_flops)
     return Floor(dram, flops, time_s)
+
+
+def rank(
+    sg: SGraph, target: Target, candidates: Mapping[str, list[int]] | None = None, keep: int = 5,
+    deadline: float | None = None,
+) -> list[tuple[dict[str, int], Estimate]]:
+    """The `keep` valid assignments of an sGraph's symbols with the lowest estimated time, best
+    first (ties broken by the values, so the choice is deterministic).
+
+    A kernel's estimate depends only on the symbols in its axes and tensor shapes, so each kernel
+    is estimated once per distinct value of those symbols, not once per full assignment; the
+    enumeration has already checked every constraint. `deadline` (time.monotonic) stops early
+    with the best found so far."""
+    relevant = {k.id: _kernel_symbols(sg, k) for k in sg.kernels}
+    cache: dict[tuple[str, tuple[tuple[str, int], ...]], KernelEstimate] = {}
+
+    def scored() -> Iterator[tuple[float, tuple[tuple[str, int], ...], list[KernelEstimate]]]:
+        for n, values in enumerate(enumerate_assignments(sg, target, candidates)):
+            if deadline is not None and n and n % 256 == 0 and time.monotonic() > deadline:
+                return
+            inst = Instance(sg, values, target)
+            parts = []
+            for k in sg.kernels:
+                key = (k.id, tuple((s, values[s]) for s in relevant[k.id]))
+                if key not in cache:
+                    cache[key] = _library(inst, k) if isinstance(k, LibraryKernel) else _graph(inst, k)
+                parts.append(cache[key])
+            yield sum(p.time_s for p in parts), tuple(sorted(values.items())), parts
+
+    best = heapq.nsmallest(keep, scored(), key=lambda e: (e[0], e[1]))
+    return [(dict(values), Estimate(list(parts))) for _, values, parts in best]
+
+
+def best_params(sg: SGraph, target: Target) -> dict[str, int]:
+    """The valid assignment with the lowest estimated time, over every divisor of every split."""
+    best = rank(sg, target, keep=1)
+    if not best:
+        raise ValueError(f"sGraph {sg.name}: no assignment of its symbols meets the constraints on {target.name}")
+    return best[0][0]
+
+
+def _kernel_symbols(sg: SGraph, k: GraphKernel | LibraryKernel) -> list[str]:
+    info = sg.info
+    sizes = [d for t in (*k.tensor_inputs, *k.outputs) for d in info.shapes[t]]
+    if isinstance(k, GraphKernel):
+        sizes += [a.size for a in k.block.axes]
+        sizes += [d for shape in info.blocks[k.id].shapes.values() for d in shape]
+    return sorted({sym for size in sizes for sym in size.symbols})

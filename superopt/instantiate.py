@@ -56,7 +56,7 @@ class Instance:
     def size_of_constraint(self, kernel: str, kind: str) -> int:
         for c in self.sgraph.info.constraints:
             if c.kernel == kernel and c.kind == kind:
-                return int(c.expr.evaluate(self.values))
+                return c.expr.int_value(self.values)
         raise KeyError((kernel, kind))
 
     def params_text(self) -> str:

@@ -93,7 +93,7 @@ class Candidate:
 
     @property
     def kernels(self) -> int:
-        return sum(1 for k in self.sgraph.kernels if not (getattr(k, "op", None) in ("const", "reshape")))
+        return sum(1 for k in self.sgraph.kernels if getattr(k, "op", None) not in ("const", "reshape"))
 
     @property
     def graph_defined_kernels(self) -> int:

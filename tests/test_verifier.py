@@ -12,6 +12,7 @@ from superopt import Program, workloads
 from superopt.assignments import enumerate_assignments, pick_for_checks
 from superopt.build import SGraphBuilder, unfused_baseline
 from superopt.cli import app
+from superopt.dimclasses import input_classes
 from superopt.instantiate import instantiate
 from superopt.interpreter import run_float
 from superopt.mutations import mutants
@@ -22,7 +23,7 @@ from superopt.verifier import constraints, finite_field
 from superopt.verifier import terms as t
 from superopt.verifier.egraph import prove
 from superopt.verifier.lowering import lower_program, lower_sgraph
-from superopt.verifier.oracle import Oracle, abstract_sgraph, mk
+from superopt.verifier.oracle import C, Oracle, abstract_sgraph, mk
 from superopt.verifier.rules import RULES
 from superopt.verifier.term_eval import Bindings, agree
 from superopt.verifier.verify import verify
@@ -324,18 +325,24 @@ def test_satisfiability(h100):
 def test_oracle_keeps_every_prefix_of_the_reference(name):
     program, ref = workloads.reference_for(name)
     oracle = Oracle(program)
-    missing = [(k, tid) for k, tid, e in abstract_sgraph(ref) if not oracle.contains(e)]
+    missing = [(k, tid) for k, tid, e in abstract_sgraph(ref, program) if not oracle.contains(e)]
     assert missing == []
 
 
 def test_oracle_prunes_foreign_expressions():
-    oracle = Oracle(workloads.resolve("gated_mlp"))
+    program = workloads.resolve("gated_mlp")
+    assert input_classes(program) == {"X": (0, 1), "W1": (1, 2), "W2": (1, 2)}
+    oracle = Oracle(program)
     x, w1, w2 = ("inp", "X"), ("inp", "W1"), ("inp", "W2")
-    assert oracle.contains(mk("sum", mk("mul", x, w1)))
-    assert oracle.contains(mk("mul", mk("sum", mk("mul", x, w2)), mk("sum", mk("mul", x, w1))))
-    assert not oracle.contains(mk("sum", mk("mul", w1, w2)))
+    k = 1  # the contraction dim class shared by X's columns and the weights' rows
+    assert oracle.contains(mk("sum", k, mk("mul", x, w1)))
+    assert oracle.contains(mk("mul", mk("sum", k, mk("mul", x, w2)), mk("sum", k, mk("mul", x, w1))))
+    assert oracle.equivalent(mk("mul", mk("sum", k, mk("mul", x, w2)), mk("div", mk("sum", k, mk("mul", x, w1)),
+                                                                         mk("add", C, mk("exp", mk("sum", k, mk("mul", x, w1)))))), 0)
+    assert not oracle.contains(mk("sum", k, mk("mul", w1, w2)))
     assert not oracle.contains(mk("exp", x))
-    assert not oracle.contains(mk("sum", mk("mul", x, x)))
+    assert not oracle.contains(mk("sum", k, mk("mul", x, x)))
+    assert not oracle.contains(mk("sum", 0, mk("mul", x, w1)))  # the right product, summed over the wrong dim
 
 
 def test_verify_command_line(tmp_path):

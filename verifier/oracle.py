@@ -1,12 +1,19 @@
 """The abstract-expression oracle that prunes the search (Mirage's rule, our implementation).
 
 Every tensor of a candidate has an abstract expression: tiling erased (parts, concatenations and
-broadcasts are identities), `matmul -> sum(mul)`, every reduction and sum/mean accumulator ->
-`sum`, constants one atom `c` that multiplication and division by absorb, signs dropped, no sizes
-or dims. The target program's abstract expression is saturated once in an e-graph with the
-equality axioms (commutativity and associativity of + and *, distributivity, moving * through /,
-sums of sums, sums distributing over + and out of /, exp(a) exp(b) = exp(a + b), sqrt(a) sqrt(b)
-= sqrt(a b); no cancellation axioms, which would make everything a subexpression of everything).
+broadcasts are identities), `matmul -> sum(mul)`, every sum or mean reduction -> `sum`, constants
+one atom `c` that multiplication and division by absorb, signs dropped, no sizes. A reduction
+records the *dim class* it reduces (superopt.dimclasses; symbolic dimension matching), so a sum
+over the wrong dim is not a subexpression of the target. An accumulator adds nothing: a sum of
+partial sums over the dim its loop walks is that same sum. The target program's abstract
+expression is saturated once in an e-graph with the
+equality axioms (commutativity and associativity of + and *, factoring x y + x z into x (y + z),
+moving * through /, sums of sums, sums distributing over + and out of /, exp(a) exp(b) =
+exp(a + b), sqrt(a) sqrt(b) = sqrt(a b); no cancellation axioms, which would make everything a
+subexpression of everything). Distributivity is applied in the factoring direction only: expanding
+products over sums blows the e-graph up (a target with a few nested sums reached 29,000 e-nodes
+without saturating) and admits pointless prefixes such as H + H; a schedule that expands a
+product is never cheaper than one that factors it.
 A prefix survives only if each of its new expressions is present in that e-graph: a lookup, not
 a solver call.
 
@@ -21,16 +28,19 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from egglog import EGraph, Expr, StringLike, birewrite, expr_fact, rewrite, ruleset, vars_
+from egglog import EGraph, Expr, StringLike, birewrite, eq, expr_fact, i64, i64Like, ne, rewrite, ruleset, vars_
 
+from superopt.dimclasses import NO_CLASS, input_classes
 from superopt.primitives import Algebra, apply
 from superopt.program import Program
 
-AE = tuple[Any, ...]  # ("inp", name) | ("c",) | (op, *children)
+AE = tuple[Any, ...]  # ("inp", name) | ("c",) | ("sum" | "max", dim class, x) | (op, *children)
+AV = tuple[AE, tuple[int, ...]]  # an abstract value: expression, and the dim class of each dim
 C: AE = ("c",)
+UNIT = NO_CLASS
 
 
-def mk(op: str, *kids: AE) -> AE:
+def mk(op: str, *kids: Any) -> AE:
     """Build an abstract expression in normal form for the directed simplifications."""
     if op == "mul":
         a, b = kids
@@ -41,72 +51,100 @@ def mk(op: str, *kids: AE) -> AE:
     if op == "div" and kids[1] == C:
         return kids[0]
     if op == "sum":
-        (x,) = kids
-        if x[0] == "sum":
-            return x
-        if x[0] == "add":
-            return mk("add", mk("sum", x[1]), mk("sum", x[2]))
-        if x[0] == "div":
-            return mk("div", mk("sum", x[1]), x[2])
+        cls, x = kids
         if x == C:
             return C
-    if op in ("add", "exp", "sqrt", "relu", "max") and all(k == C for k in kids):
+        if x[0] == "add":
+            return mk("add", mk("sum", cls, x[1]), mk("sum", cls, x[2]))
+        if x[0] == "div":
+            return mk("div", mk("sum", cls, x[1]), x[2])
+        if x[0] == "sum":
+            if x[1] == cls:
+                return x  # a sum of partial sums over the same dim is that sum
+            if x[1] < cls:
+                return ("sum", x[1], mk("sum", cls, x[2]))  # nested sums in class order
+    if op in ("add", "exp", "sqrt", "relu") and all(k == C for k in kids):
         return C
     return (op, *kids)
 
 
-class AbstractAlgebra(Algebra[AE]):
-    def const(self, value: float) -> AE:
-        return C
+def _broadcast(a: tuple[int, ...], b: tuple[int, ...]) -> tuple[int, ...]:
+    out = []
+    for i in range(1, max(len(a), len(b)) + 1):
+        x = a[-i] if i <= len(a) else UNIT
+        y = b[-i] if i <= len(b) else UNIT
+        out.append(y if x == UNIT else x)
+    return tuple(reversed(out))
 
-    def add(self, a: AE, b: AE) -> AE:
-        return mk("add", a, b)
+
+class AbstractAlgebra(Algebra[AV]):
+    """Abstract values: tiling erased, matmul -> sum over its contraction class of mul,
+    reductions -> sum (max stays max) over the class of the reduced dim, constants one atom."""
+
+    def const(self, value: float) -> AV:
+        return C, ()
+
+    def _binary(self, op: str, a: AV, b: AV) -> AV:
+        return mk(op, a[0], b[0]), _broadcast(a[1], b[1])
+
+    def add(self, a: AV, b: AV) -> AV:
+        return self._binary("add", a, b)
 
     sub = add  # signs are dropped
 
-    def mul(self, a: AE, b: AE) -> AE:
-        return mk("mul", a, b)
+    def mul(self, a: AV, b: AV) -> AV:
+        return self._binary("mul", a, b)
 
-    def div(self, a: AE, b: AE) -> AE:
-        return mk("div", a, b)
+    def div(self, a: AV, b: AV) -> AV:
+        return self._binary("div", a, b)
 
-    def neg(self, a: AE) -> AE:
+    def neg(self, a: AV) -> AV:
         return a
 
-    def exp(self, a: AE) -> AE:
-        return mk("exp", a)
+    def exp(self, a: AV) -> AV:
+        return mk("exp", a[0]), a[1]
 
-    def sqrt(self, a: AE) -> AE:
-        return mk("sqrt", a)
+    def sqrt(self, a: AV) -> AV:
+        return mk("sqrt", a[0]), a[1]
 
-    def relu(self, a: AE) -> AE:
-        return mk("relu", a)
+    def relu(self, a: AV) -> AV:
+        return mk("relu", a[0]), a[1]
 
-    def sum(self, a: AE, dim: int, keepdim: bool) -> AE:
-        return mk("sum", a)
+    def _reduce(self, op: str, a: AV, dim: int, keepdim: bool) -> AV:
+        dims = a[1]
+        d = dim % len(dims)
+        out = (*dims[:d], UNIT, *dims[d + 1 :]) if keepdim else (*dims[:d], *dims[d + 1 :])
+        return mk(op, dims[d], a[0]), out
 
-    def max(self, a: AE, dim: int, keepdim: bool) -> AE:
-        return mk("max", a)
+    def sum(self, a: AV, dim: int, keepdim: bool) -> AV:
+        return self._reduce("sum", a, dim, keepdim)
 
-    def mean(self, a: AE, dim: int, keepdim: bool, n: Any) -> AE:
-        return mk("sum", a)
+    def max(self, a: AV, dim: int, keepdim: bool) -> AV:
+        return self._reduce("max", a, dim, keepdim)
 
-    def matmul(self, a: AE, b: AE) -> AE:
-        return mk("sum", mk("mul", a, b))
+    def mean(self, a: AV, dim: int, keepdim: bool, n: Any) -> AV:
+        return self._reduce("sum", a, dim, keepdim)
 
-    def transpose(self, a: AE, perm: Sequence[int]) -> AE:
-        return a
+    def matmul(self, a: AV, b: AV) -> AV:
+        return mk("sum", a[1][-1], mk("mul", a[0], b[0])), (*a[1][:-1], b[1][-1])
 
-    def reshape(self, a: AE, shape: Sequence[int]) -> AE:
-        return a
+    def transpose(self, a: AV, perm: Sequence[int]) -> AV:
+        return a[0], tuple(a[1][p] for p in perm)
+
+    def reshape(self, a: AV, shape: Sequence[int]) -> AV:
+        return a[0], tuple(RESHAPED if s != 1 else UNIT for s in shape)
 
 
-def abstract_program(program: Program) -> dict[str, AE]:
+RESHAPED = -2  # dims out of a reshape: the classes do not follow them (reductions over them match any)
+
+
+def abstract_program(program: Program) -> dict[str, AV]:
     alg = AbstractAlgebra()
-    values: dict[str, AE] = {}
+    values: dict[str, AV] = {}
+    classes = input_classes(program)
     for n in program.topological():
         if n.op == "input":
-            values[n.id] = ("inp", n.id)
+            values[n.id] = ("inp", n.id), classes[n.id]
         else:
             args = [values[i] for i in n.inputs]
             values[n.id] = apply(alg, n.op, args, n.attrs, [program.nodes[i].shape for i in n.inputs])
@@ -124,25 +162,27 @@ class Abs(Expr):
     def exp(self) -> Abs: ...
     def sqrt(self) -> Abs: ...
     def relu(self) -> Abs: ...
-    def sum(self) -> Abs: ...
-    def max(self) -> Abs: ...
+    def sum(self, cls: i64Like) -> Abs: ...
+    def max(self, cls: i64Like) -> Abs: ...
 
 
 def _axioms() -> Any:
     x, y, z = vars_("x y z", Abs)
+    c, d = vars_("c d", i64)
     return ruleset(
         rewrite(x.add(y)).to(y.add(x)),
         birewrite(x.add(y.add(z))).to(x.add(y).add(z)),
         rewrite(x.mul(y)).to(y.mul(x)),
         birewrite(x.mul(y.mul(z))).to(x.mul(y).mul(z)),
-        birewrite(x.mul(y.add(z))).to(x.mul(y).add(x.mul(z))),
+        rewrite(x.mul(y).add(x.mul(z))).to(x.mul(y.add(z))),
         birewrite(x.mul(y.div(z))).to(x.mul(y).div(z)),
         birewrite(x.div(y).div(z)).to(x.div(y.mul(z))),
         birewrite(x.exp().mul(y.exp())).to(x.add(y).exp()),
         birewrite(x.sqrt().mul(y.sqrt())).to(x.mul(y).sqrt()),
-        rewrite(x.sum().sum()).to(x.sum()),
-        rewrite(x.add(y).sum()).to(x.sum().add(y.sum())),
-        rewrite(x.div(y).sum()).to(x.sum().div(y)),
+        rewrite(x.sum(c).sum(c)).to(x.sum(c)),
+        rewrite(x.sum(c).sum(d)).to(x.sum(d).sum(c), ne(c).to(d)),
+        rewrite(x.add(y).sum(c)).to(x.sum(c).add(y.sum(c))),
+        rewrite(x.div(y).sum(c)).to(x.sum(c).div(y)),
         rewrite(x.mul(Abs.c())).to(x),
         rewrite(x.div(Abs.c())).to(x),
         name="abstract_axioms",
@@ -160,6 +200,8 @@ def to_egg(e: AE, memo: dict[AE, Abs] | None = None) -> Abs:
         out = Abs.inp(e[1])
     elif e[0] == "c":
         out = Abs.c()
+    elif e[0] in ("sum", "max"):
+        out = getattr(to_egg(e[2], memo), e[0])(e[1])
     else:
         kids = [to_egg(k, memo) for k in e[1:]]
         out = getattr(kids[0], e[0])(*kids[1:])
@@ -184,8 +226,7 @@ class Oracle:
         t0 = time.perf_counter()
         values = abstract_program(program)
         self.egraph = EGraph()
-        for i, o in enumerate(program.outputs):
-            self.egraph.let(f"target{i}", to_egg(values[o]))
+        self.targets = [self.egraph.let(f"target{i}", to_egg(values[o][0])) for i, o in enumerate(program.outputs)]
         it, saturated = 0, False
         while it < iterations:
             report = self.egraph.run(AXIOMS)
@@ -200,6 +241,15 @@ class Oracle:
         self._memo: dict[AE, bool] = {}
         self._egg: dict[AE, Abs] = {}
 
+    def equivalent(self, e: AE, output: int) -> bool:
+        """Is e equal (under the axioms) to the abstract expression of program output `output`?"""
+        key = ("=", output, e)
+        hit = self._memo.get(key)
+        if hit is None:
+            hit = self.egraph.check_bool(eq(to_egg(e, self._egg)).to(self.targets[output]))
+            self._memo[key] = hit
+        return hit
+
     def contains(self, e: AE) -> bool:
         hit = self._memo.get(e)
         if hit is None:
@@ -211,42 +261,30 @@ class Oracle:
         return hit
 
 
-def accumulate(kind: str, x: AE, walks_loop: bool) -> AE:
-    """Abstract expression of an accumulator: a sum over the loop when the value changes with the
-    iteration; the value itself (up to a constant factor) when it does not, or for a concat."""
-    if kind == "concat" or not walks_loop:
-        return x
-    return mk("sum", x)
-
-
-def abstract_sgraph(sg: Any) -> list[tuple[str, str, AE]]:
+def abstract_sgraph(sg: Any, program: Program) -> list[tuple[str, str, AE]]:
     """(kernel id, tensor id, abstract expression) for every tensor an sGraph computes."""
     from superopt.sgraph import LibraryKernel
 
     alg = AbstractAlgebra()
-    values: dict[str, AE] = {d.id: ("inp", d.id) for d in sg.inputs}
+    values: dict[str, AV] = {d.id: (("inp", d.id), cls) for d, cls in
+                             zip(sg.inputs, input_classes(program).values(), strict=True)}
     out: list[tuple[str, str, AE]] = []
     for k in sg.kernels:
         if isinstance(k, LibraryKernel):
             values[k.output] = apply(alg, k.op, [values[i] for i in k.inputs], k.attrs, [])
-            out.append((k.id, k.output, values[k.output]))
+            out.append((k.id, k.output, values[k.output][0]))
             continue
         b = k.block
-        looping = not (b.loop.size.is_const() and b.loop.size.const_value() == 1)
-        bv: dict[str, AE] = {}
-        walks: dict[str, bool] = {}
-        for i in b.inputs:
-            bv[i.id], walks[i.id] = values[i.tensor], looping and i.fmap is not None
+        bv: dict[str, AV] = {i.id: values[i.tensor] for i in b.inputs}
         for op in b.body:
             bv[op.id] = apply(alg, op.op, [bv[i] for i in op.inputs], op.attrs, [])
-            walks[op.id] = any(walks[i] for i in op.inputs)
-            out.append((k.id, op.id, bv[op.id]))
+            out.append((k.id, op.id, bv[op.id][0]))
         for a in b.accumulators:
-            bv[a.id] = accumulate(a.kind, bv[a.source], walks[a.source])
-            out.append((k.id, a.id, bv[a.id]))
+            bv[a.id] = bv[a.source]
+            out.append((k.id, a.id, bv[a.id][0]))
         for op in b.post:
             bv[op.id] = apply(alg, op.op, [bv[i] for i in op.inputs], op.attrs, [])
-            out.append((k.id, op.id, bv[op.id]))
+            out.append((k.id, op.id, bv[op.id][0]))
         for o in b.outputs:
             values[o.tensor] = bv[o.source]
     return out

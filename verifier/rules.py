@@ -180,6 +180,11 @@ def _ex_indep(rng: np.random.Generator) -> Bindings:
     return Bindings(tensors={"E": _rand(rng, 2, 3)}, axes={"a": "x"}, sizes=sizes)
 
 
+def _ex_field(rng: np.random.Generator) -> Bindings:
+    # B and S broadcast against A (row scales), as in the schedules that rearrange them.
+    return Bindings(tensors={"A": _rand(rng, 3, 4), "B": np.abs(_rand(rng, 3, 1)) + 0.5, "S": _rand(rng, 3, 4) + 3.0})
+
+
 def _ex_comm(rng: np.random.Generator) -> Bindings:
     return Bindings(tensors={"A": _rand(rng, 2, 3), "B": _rand(rng, 2, 3)})
 
@@ -249,6 +254,12 @@ RULES: list[Rule] = [
     # -- algebra ------------------------------------------------------------------------------
     Rule("add-comm", t.binary("add", A, B), t.binary("add", B, A), (), _ex_comm),
     Rule("mul-comm", t.binary("mul", A, B), t.binary("mul", B, A), (), _ex_comm),
+    Rule("mul-assoc", t.binary("mul", t.binary("mul", A, B), S), t.binary("mul", A, t.binary("mul", B, S)), (),
+         _ex_field),
+    Rule("div-times", t.binary("mul", t.binary("div", A, B), S), t.binary("div", t.binary("mul", A, S), B), (),
+         _ex_field),
+    Rule("div-div", t.binary("div", t.binary("div", A, B), S), t.binary("div", A, t.binary("mul", B, S)), (),
+         _ex_field),
 ]
 
 RULES_BY_NAME = {r.name: r for r in RULES}

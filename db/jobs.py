@@ -1,0 +1,285 @@
+"""The job queue: `queued → running → succeeded | failed | cancelled`.
+
+A worker claims the oldest queued job and holds it under a lease that its heartbeat renews. Every
+later write of that worker names its claim (job, worker, attempt), so a worker that lost its job
+(its lease expired and another worker took it, or a user cancelled it) can no longer touch it:
+each job finishes exactly once. A job whose lease has expired returns to the queue, up to
+`max_attempts` claims, then fails.
+
+Claims lock rows with `FOR UPDATE SKIP LOCKED` on PostgreSQL, so workers never wait on each other;
+on SQLite the whole claim runs under the write lock (`BEGIN IMMEDIATE`, see superopt.db.engine).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Collection
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import select, update
+from sqlalchemy.orm import Session, joinedload
+
+from superopt.config import SearchConfig
+from superopt.db.cache import Hit, hit_in, progress_of, store_in, workload_in
+from superopt.db.engine import Database
+from superopt.db.errors import Conflict, NotFound
+from superopt.db.keys import CacheKey
+from superopt.db.models import Job, JobState, utcnow
+from superopt.program import Program
+from superopt.result import Result
+from superopt.targets import fingerprint
+from superopt.targets import target as costmodel_target
+
+DEFAULT_LEASE_S = 60.0
+
+
+@dataclass(frozen=True)
+class JobView:
+    """A job as front ends show it."""
+
+    id: int
+    state: JobState
+    program_name: str
+    program_hash: str
+    target: str
+    config_hash: str
+    budget_s: float | None
+    max_states: int | None
+    force: bool
+    progress: dict[str, Any]
+    error: str | None
+    attempts: int
+    worker_id: str | None
+    cache_hit: bool
+    result: dict[str, Any] | None
+    created_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+
+    def to_json(self) -> dict[str, Any]:
+        def ts(t: datetime | None) -> str | None:
+            return t.isoformat(timespec="seconds") + "Z" if t else None
+
+        return {
+            "id": self.id, "state": self.state.value, "progress": self.progress, "error": self.error,
+            "result": self.result, "program": {"name": self.program_name, "hash": self.program_hash},
+            "target": self.target, "config_hash": self.config_hash, "budget_s": self.budget_s,
+            "max_states": self.max_states, "force": self.force, "attempts": self.attempts,
+            "worker_id": self.worker_id, "cache_hit": self.cache_hit, "created_at": ts(self.created_at),
+            "started_at": ts(self.started_at), "finished_at": ts(self.finished_at),
+        }
+
+
+@dataclass(frozen=True)
+class Claim:
+    """A job a worker holds: what to run, and the fence (worker, attempt) its writes must match."""
+
+    job_id: int
+    worker_id: str
+    attempt: int
+    program: Program
+    target: str
+    config: SearchConfig
+    budget_s: float | None
+    max_states: int | None
+    force: bool
+
+
+class JobQueue:
+    def __init__(self, db: Database, lease_s: float = DEFAULT_LEASE_S) -> None:
+        self.db = db
+        self.lease_s = lease_s
+
+    # -- front ends ----------------------------------------------------------------------------
+    def submit(
+        self, program: Program, *, target: str = "auto", config: SearchConfig | None = None,
+        budget_s: float | None = None, max_states: int | None = None, force: bool = False, max_attempts: int = 3,
+    ) -> JobView:
+        """Queue a job; one for a named target whose answer is cached finishes at once (unless `force`).
+        An "auto" target is resolved by the worker that claims it, which checks the cache then."""
+        config = config or SearchConfig()
+        hit = None
+        if not force and target != "auto":
+            with self.db.read() as s:
+                hit = hit_in(s, CacheKey.of(program, fingerprint(costmodel_target(target)), config))
+        with self.db.write() as s:
+            job = Job(
+                workload_id=workload_in(s, program).id, program_json=json.dumps(program.to_json()), target=target,
+                config=config.to_json(), config_hash=config.hash(), budget_s=budget_s, max_states=max_states,
+                force=force, max_attempts=max_attempts, progress={},
+            )
+            if hit is not None:
+                _answer(job, hit)
+            s.add(job)
+            s.flush()
+            return _view(job)
+
+    def get(self, job_id: int) -> JobView:
+        with self.db.read() as s:
+            return _view(_job(s, job_id))
+
+    def get_many(self, ids: Collection[int]) -> list[JobView]:
+        with self.db.read() as s:
+            jobs = s.scalars(select(Job).where(Job.id.in_(list(ids))).options(joinedload(Job.workload)))
+            return [_view(j) for j in sorted(jobs, key=lambda j: j.id)]
+
+    def cancel(self, job_id: int) -> JobView:
+        """Cancel a queued or running job (a running one's worker notices at its next heartbeat)."""
+        with self.db.write() as s:
+            job = _job(s, job_id, lock=True)
+            if JobState(job.state).terminal:
+                raise Conflict(f"job {job_id} has already finished ({job.state})")
+            _end(job, JobState.cancelled)
+            return _view(job)
+
+    # -- workers -------------------------------------------------------------------------------
+    def claim(self, worker_id: str, only: Collection[int] | None = None) -> Claim | None:
+        """Take the oldest queued job (among `only`, if given), after returning expired ones to the queue."""
+        if not self._claimable(only):
+            return None  # an idle worker only reads: it never queues for the write lock
+        with self.db.write() as s:
+            self._requeue_expired(s)
+            q = select(Job).where(Job.state == JobState.queued.value).order_by(Job.id).limit(1)
+            if only is not None:
+                q = q.where(Job.id.in_(list(only)))
+            job = s.scalars(q.with_for_update(skip_locked=True)).first()
+            if job is None:
+                return None
+            now = utcnow()
+            job.state = JobState.running.value
+            job.worker_id = worker_id
+            job.attempts += 1
+            job.lease_expires_at = now + timedelta(seconds=self.lease_s)
+            job.started_at = now
+            job.progress = {"phase": "claimed"}
+            return Claim(
+                job.id, worker_id, job.attempts, Program.from_json(json.loads(job.program_json)), job.target,
+                SearchConfig(**{k: v for k, v in job.config.items() if k in SearchConfig.__dataclass_fields__}),
+                job.budget_s, job.max_states, job.force,
+            )
+
+    def requeue_expired(self) -> int:
+        """Return running jobs whose lease expired to the queue (or fail them after max_attempts)."""
+        with self.db.write() as s:
+            return self._requeue_expired(s)
+
+    def heartbeat(self, claim: Claim, progress: dict[str, Any] | None = None) -> bool:
+        """Renew the lease (and record progress); False when the job is no longer this claim's."""
+        values: dict[str, Any] = {"lease_expires_at": utcnow() + timedelta(seconds=self.lease_s)}
+        if progress is not None:
+            values["progress"] = _json_safe(progress)
+        with self.db.write() as s:
+            return s.execute(update(Job).where(*_fence(claim)).values(**values)).rowcount == 1
+
+    def finish(self, claim: Claim, result: Result) -> JobView | None:
+        """Store the result's candidates and winner and mark the job succeeded, in one transaction;
+        None (and nothing written) when the job is no longer this claim's."""
+        with self.db.write() as s:
+            job = _owned(s, claim)
+            if job is None:
+                return None
+            job.result = store_in(s, job, result)
+            job.progress = progress_of(result)
+            _end(job, JobState.succeeded)
+            return _view(job)
+
+    def finish_cached(self, claim: Claim, hit: Hit) -> JobView | None:
+        """Mark the job succeeded as answered by a cache hit."""
+        with self.db.write() as s:
+            job = _owned(s, claim)
+            if job is None:
+                return None
+            _answer(job, hit)
+            return _view(job)
+
+    def fail(self, claim: Claim, error: str) -> JobView | None:
+        with self.db.write() as s:
+            job = _owned(s, claim)
+            if job is None:
+                return None
+            job.error = error
+            _end(job, JobState.failed)
+            return _view(job)
+
+    def release(self, claim: Claim) -> bool:
+        """Give a job back to the queue at once (a worker stopping), without waiting for its lease."""
+        with self.db.write() as s:
+            values = {"state": JobState.queued.value, "worker_id": None, "lease_expires_at": None, "progress": {}}
+            return s.execute(update(Job).where(*_fence(claim)).values(**values)).rowcount == 1
+
+    def _claimable(self, only: Collection[int] | None) -> bool:
+        """Whether a claim could find work: a queued job, or a running one whose lease expired."""
+        queued = Job.state == JobState.queued.value
+        if only is not None:
+            queued &= Job.id.in_(list(only))
+        expired = (Job.state == JobState.running.value) & (Job.lease_expires_at < utcnow())
+        with self.db.read() as s:
+            return s.scalars(select(Job.id).where(queued | expired).limit(1)).first() is not None
+
+    def _requeue_expired(self, s: Session) -> int:
+        q = select(Job).where(Job.state == JobState.running.value, Job.lease_expires_at < utcnow())
+        n = 0
+        for job in s.scalars(q.with_for_update(skip_locked=True)):
+            n += 1
+            if job.attempts >= job.max_attempts:
+                job.error = (f"gave up after {job.attempts} attempts: the worker running it "
+                             f"({job.worker_id}) stopped renewing its lease")
+                _end(job, JobState.failed)
+            else:
+                job.state = JobState.queued.value
+                job.worker_id = None
+                job.lease_expires_at = None
+                job.progress = {}
+        return n
+
+
+def _fence(claim: Claim) -> tuple[Any, ...]:
+    return (
+        Job.id == claim.job_id, Job.worker_id == claim.worker_id, Job.attempts == claim.attempt,
+        Job.state == JobState.running.value,
+    )
+
+
+def _owned(s: Session, claim: Claim) -> Job | None:
+    return s.scalars(select(Job).where(*_fence(claim)).with_for_update()).first()
+
+
+def _job(s: Session, job_id: int, lock: bool = False) -> Job:
+    q = select(Job).where(Job.id == job_id).options(joinedload(Job.workload))
+    job = s.scalars(q.with_for_update(of=Job) if lock else q).first()
+    if job is None:
+        raise NotFound(f"no job {job_id}")
+    return job
+
+
+def _answer(job: Job, hit: Hit) -> None:
+    now = utcnow()
+    job.cache_hit = True
+    job.result = hit.summary
+    job.progress = {"phase": "cache hit"}
+    job.started_at = job.started_at or now
+    _end(job, JobState.succeeded)
+
+
+def _end(job: Job, state: JobState) -> None:
+    job.state = state.value
+    job.lease_expires_at = None
+    job.finished_at = utcnow()
+
+
+def _view(job: Job) -> JobView:
+    return JobView(
+        id=job.id, state=JobState(job.state), program_name=job.workload.name, program_hash=job.workload.program_hash,
+        target=job.target, config_hash=job.config_hash, budget_s=job.budget_s, max_states=job.max_states,
+        force=job.force, progress=dict(job.progress or {}), error=job.error, attempts=job.attempts,
+        worker_id=job.worker_id, cache_hit=job.cache_hit, result=job.result, created_at=job.created_at,
+        started_at=job.started_at, finished_at=job.finished_at,
+    )
+
+
+def _json_safe(d: dict[str, Any]) -> dict[str, Any]:
+    """Progress as JSON every backend accepts (no NaN or infinities)."""
+    return {str(k): (v if not isinstance(v, float) or math.isfinite(v) else None) for k, v in d.items()}

@@ -1,0 +1,714 @@
+"""Block-level generation: the block graphs of one graph-defined kernel, with maps left symbolic.
+
+Tiles are described by *dim classes* instead of sizes: every dim of every block input starts as a
+class of its full size, and ops unify classes (a matmul ties the left operand's last dim to the
+right one's second-last, an elementwise op ties aligned dims, a size-1 dim broadcasts). A shape
+check is a unification whose sizes agree. Because the maps are not chosen yet, one block graph
+stands for every way of tiling it, as in Prism; grid and loop sizes are symbols anyway.
+
+Ops are added in a canonical order (each op's key — its newest operand, operands, op rank,
+attributes — exceeds the previous op's), so every block graph is generated once. Every new tile
+must have an abstract expression present in the target's saturated e-graph (the oracle); a tile
+whose abstract expression and dims repeat an existing one is a duplicate computation and cut.
+
+`resolve` then turns a complete block graph into graph kernels with concrete maps: grid axes
+split classes present in every output (all of them, up to three: an axis of size 1 is always
+available to the instantiation, so splitting more dominates splitting less), optionally one more
+axis splits a reduced class (its outputs become per-chunk partial results, merged by a later
+kernel whose loop is tied to that axis), and the loop walks a set of reduced classes. A per-axis
+linearity analysis keeps only tilings that compute the same values as the untiled block graph
+(a sum of per-tile partial sums is the sum; a product of partial sums is not) and chooses each
+accumulator: concat where the loop's class survives, sum or mean where it was reduced, mean for
+values the loop does not change.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field, replace
+from itertools import combinations
+from typing import Any
+
+from superopt import ops
+from superopt.build import BlockBuilder
+from superopt.primitives import apply
+from superopt.search.space import Space
+from superopt.sgraph import GraphKernel
+from superopt.sizes import Size
+from superopt.verifier.oracle import AE, AV, AbstractAlgebra, Oracle
+
+UNIT = -1  # the class of a size-1 dim: broadcasts against anything, never split
+MAX_ACCUMULATORS = 3  # per block graph, as in Mirage's generator
+MAX_OUTPUTS = 2  # per block graph (flash decoding writes partial numerators and denominators)
+
+# Per-axis status of a tile: how it relates to the axis' split (see `_statuses`).
+NONE, SPLIT, SUM, MEAN, BAD = "none", "split", "sum", "mean", "bad"
+
+
+@dataclass(frozen=True)
+class Classes:
+    """A persistent union-find over block dim classes (states share it; a union makes a new one).
+    Each class also has the program dim class it stands for; only equal ones may unify."""
+
+    parent: tuple[int, ...] = ()
+    size: tuple[int, ...] = ()
+    program: tuple[int, ...] = ()
+
+    def find(self, i: int) -> int:
+        if i == UNIT:
+            return UNIT
+        while self.parent[i] != i:
+            i = self.parent[i]
+        return i
+
+    def add(self, size: int, program_class: int) -> tuple[Classes, int]:
+        n = len(self.parent)
+        return Classes((*self.parent, n), (*self.size, size), (*self.program, program_class)), n
+
+    def union(self, i: int, j: int) -> Classes | None:
+        ri, rj = self.find(i), self.find(j)
+        if ri == rj:
+            return self
+        if UNIT in (ri, rj) or self.size[ri] != self.size[rj] or self.program[ri] != self.program[rj]:
+            return None
+        parent = list(self.parent)
+        parent[max(ri, rj)] = min(ri, rj)
+        return Classes(tuple(parent), self.size, self.program)
+
+
+
+
+@dataclass(frozen=True)
+class Tile:
+    op: str  # "input", a block op, or "acc"
+    args: tuple[int, ...]
+    attrs: tuple[tuple[str, Any], ...]
+    phase: int  # 0: inputs and loop body; 1: accumulators and post-loop ops
+    dims: tuple[int, ...]
+    ae: AE
+    pdims: tuple[int, ...]  # program dim class of each dim (fixed: only equal classes unify)
+    tensor: int = -1  # for inputs: the kernel tensor index
+    consts: tuple[tuple[int, float], ...] = ()  # constant operands: (position, value)
+
+
+@dataclass(frozen=True)
+class BlockState:
+    tiles: tuple[Tile, ...]
+    classes: Classes
+    used: frozenset[int]
+    nops: int
+    last_key: tuple[Any, ...]
+    tied: tuple[tuple[int, int], ...] = ()  # (input tile, dim) walked by a loop tied to a chunk axis
+
+
+@dataclass
+class InputSpec:
+    tensor: int  # index of the kernel tensor
+    shape: tuple[int, ...]  # block-visible full sizes (a tied chunk dim has its base size)
+    ae: AE
+    classes: tuple[int, ...]  # the program dim class of each dim
+    tied_dim: int | None = None
+
+
+@dataclass
+class Generator:
+    space: Space
+    oracle: Oracle
+    max_ops: int
+    states: int = 0
+    pruned: int = 0
+    on_state: Callable[[], None] | None = None  # called for every state (budgets, progress)
+    alg: AbstractAlgebra = field(default_factory=AbstractAlgebra)
+
+    def __post_init__(self) -> None:
+        self._rank = {op: i for i, op in enumerate((*self.space.block_ops, "acc"))}
+        self._memo: dict[tuple[Any, ...], AV | None] = {}
+        self._post_memo: dict[tuple[Any, ...], list[tuple[Any, ...]]] = {}
+        self._binary_ops = [op for op in self.space.block_ops if op in ops.BINARY or op == "matmul"]
+
+    # -- start and moves -------------------------------------------------------------------------
+    def start(self, inputs: Sequence[InputSpec]) -> BlockState:
+        classes = Classes()
+        tiles = []
+        tied = []
+        for n, spec in enumerate(inputs):
+            dims = []
+            for size, pc in zip(spec.shape, spec.classes, strict=True):
+                if size == 1:
+                    dims.append(UNIT)
+                else:
+                    classes, c = classes.add(size, pc)
+                    dims.append(c)
+            pdims = tuple(UNIT if d == UNIT else pc for d, pc in zip(dims, spec.classes, strict=True))
+            tiles.append(Tile("input", (), (), 0, tuple(dims), spec.ae, pdims, spec.tensor))
+            if spec.tied_dim is not None:
+                tied.append((n, spec.tied_dim))
+        return BlockState(tuple(tiles), classes, frozenset(), 0, (), tuple(tied))
+
+    def complete_graphs(self, start: BlockState) -> Iterator[BlockState]:
+        """Complete block graphs, generated phase by phase: loop-body graphs breadth-first (small
+        first: the search is anytime), then for each the choices of accumulators (every body tile
+        nothing reads, plus optionally others, at most `MAX_ACCUMULATORS`), then the post-loop
+        graphs over those accumulators. Any block graph can be ordered body, accumulators, post,
+        so nothing is lost; and the post-loop graphs depend only on the accumulators, so they are
+        computed once per distinct set of accumulators and replayed. `max_ops` bounds the compute
+        ops (body and post-loop together)."""
+        for body in self._phase(start, 0, self.max_ops):
+            sinks = [k for k in range(len(body.tiles)) if k not in body.used]
+            if not sinks or len(sinks) > MAX_ACCUMULATORS:
+                continue
+            read = [k for k in range(len(body.tiles)) if k in body.used]
+            for extra in range(MAX_ACCUMULATORS - len(sinks) + 1):
+                for more in combinations(read, extra):
+                    state: BlockState | None = replace(body, last_key=())
+                    for k in sorted((*sinks, *more)):
+                        state = next(self._try(state, "acc", (k,), ()), None) if state else None
+                    if state is not None:
+                        yield from self._posts(replace(state, last_key=()))
+
+    def _phase(self, start: BlockState, phase: int, budget: int) -> Iterator[BlockState]:
+        """States reachable from `start` by ops of one phase, breadth-first by op count."""
+        frontier = [start]
+        while frontier:
+            level: list[BlockState] = []
+            for s in frontier:
+                self.states += 1
+                if self.on_state is not None:
+                    self.on_state()
+                yield s
+                level.extend(n for n in self._moves(s, phase) if n.nops <= budget)
+            frontier = level
+
+    def _posts(self, accs: BlockState) -> Iterator[BlockState]:
+        """Complete post-loop graphs over these accumulators, memoized by their signature."""
+        first = next(k for k, t in enumerate(accs.tiles) if t.phase == 1)
+        key = (self.max_ops - accs.nops, _signature(accs, first))
+        recipes = self._post_memo.get(key)
+        if recipes is None:
+            recipes = []
+            for s in self._phase(accs, 1, self.max_ops):
+                if self.complete(s):
+                    recipes.append(tuple(_recipe(t, first) for t in s.tiles[len(accs.tiles):]))
+            self._post_memo[key] = recipes
+        for recipe in recipes:
+            state: BlockState | None = accs
+            for op, args, attrs, consts in recipe:
+                if state is not None:
+                    state = next(self._try(state, op, tuple(a + first for a in args), attrs, consts), None)
+            if state is not None:
+                yield state
+
+    def _moves(self, s: BlockState, phase: int) -> Iterator[BlockState]:
+        # An op's key starts with its newest operand, and keys must increase: only ops reading a
+        # tile at least as new as the previous op's newest operand can follow it.
+        n = len(s.tiles)
+        newest = s.last_key[0] if s.last_key else 0
+        for i in range(n):
+            t = s.tiles[i]
+            if t.phase != phase:
+                continue
+            if i < newest:
+                for j in range(newest, n):
+                    yield from self._pairs(s, i, j)
+                continue
+            for op in self.space.block_ops:
+                if op in ops.UNARY:
+                    yield from self._try(s, op, (i,), ())
+                elif op in ops.REDUCE or op in ("rms_norm", "softmax"):
+                    for d, c in enumerate(t.dims):
+                        if c == UNIT:
+                            continue
+                        if op in ops.REDUCE:
+                            for keep in (True, False) if self.space.keepdim_false else (True,):
+                                yield from self._try(s, op, (i,), (("dim", d), ("keepdim", keep)))
+                        else:
+                            attrs: tuple[tuple[str, Any], ...] = (("dim", d),)
+                            if op == "rms_norm":
+                                for eps in self.space.constants:
+                                    yield from self._try(s, op, (i,), (*attrs, ("eps", eps)))
+                            else:
+                                yield from self._try(s, op, (i,), attrs)
+                elif op in ops.BINARY:
+                    for value in self.space.constants:
+                        yield from self._try(s, op, (i,), (), consts=((1, value),))
+                        if op in ("sub", "div"):
+                            yield from self._try(s, op, (i,), (), consts=((0, value),))
+            for j in range(n):
+                yield from self._pairs(s, i, j)
+
+    def _pairs(self, s: BlockState, i: int, j: int) -> Iterator[BlockState]:
+        if s.tiles[j].phase != s.tiles[i].phase:
+            return
+        for op in self._binary_ops:
+            if op in ("add", "mul") and j < i:
+                continue
+            yield from self._try(s, op, (i, j), ())
+
+    # -- one op ------------------------------------------------------------------------------
+    def _try(
+        self, s: BlockState, op: str, args: tuple[int, ...], attrs: tuple[tuple[str, Any], ...],
+        consts: tuple[tuple[int, float], ...] = (),
+    ) -> Iterator[BlockState]:
+        key = (max(args), args, self._rank[op], attrs, consts)
+        if key <= s.last_key:
+            return
+        tiles = [s.tiles[a] for a in args]
+        phase = 1 if op == "acc" else tiles[0].phase
+        if phase == 1 and op != "acc" and any(t.op == "acc" and _gathers(s.tiles[t.args[0]]) for t in tiles):
+            return  # computing on a gathered (unreduced) tile after the loop repeats the in-loop variant
+        abstract = self._ae(op, tiles, attrs, consts)
+        if abstract is None:
+            self.pruned += 1
+            return
+        ae, pdims = abstract
+        shaped = self._dims(s.classes, op, tiles, dict(attrs), bool(consts))
+        if shaped is None:
+            return
+        classes, dims = shaped
+        roots = tuple(classes.find(d) for d in dims)
+        for other in s.tiles:
+            if other.phase == phase and other.ae == ae and tuple(classes.find(d) for d in other.dims) == roots:
+                self.pruned += 1
+                return  # recomputes an existing tile
+        if op != "acc" and _recomputes(s, args, ae, phase):
+            self.pruned += 1
+            return
+        tile = Tile(op, args, attrs, phase, dims, ae, pdims, consts=consts)
+        left = s.nops + (op != "acc")
+        # Tiles nothing reads must be accumulated (body, at most MAX_ACCUMULATORS) or written
+        # (post-loop, at most MAX_OUTPUTS); each further op lowers their number by at most one.
+        used = s.used | set(args)
+        sinks = sum(1 for k, t in enumerate((*s.tiles, tile)) if t.phase == phase and k not in used)
+        if op != "acc" and left + max(0, sinks - (MAX_ACCUMULATORS if phase == 0 else MAX_OUTPUTS)) > self.max_ops:
+            self.pruned += 1
+            return
+        yield BlockState((*s.tiles, tile), classes, s.used | set(args), left, key, s.tied)
+
+    def _dims(
+        self, classes: Classes, op: str, tiles: list[Tile], attrs: dict[str, Any], has_const: bool,
+    ) -> tuple[Classes, tuple[int, ...]] | None:
+        a = tiles[0]
+        if op in ops.UNARY or op == "acc" or op in ("rms_norm", "softmax") or (op in ops.BINARY and has_const):
+            return classes, a.dims
+        if op in ops.REDUCE:
+            d = attrs["dim"]
+            if attrs["keepdim"]:
+                return classes, (*a.dims[:d], UNIT, *a.dims[d + 1 :])
+            return classes, (*a.dims[:d], *a.dims[d + 1 :])
+        b = tiles[1]
+        if op == "matmul":
+            if len(a.dims) < 2 or len(a.dims) != len(b.dims):
+                return None
+            cl: Classes | None = classes
+            for x, y in zip(a.dims[:-2], b.dims[:-2], strict=True):
+                cl = _unify(cl, x, y, broadcast=False)
+            cl = _unify(cl, a.dims[-1], b.dims[-2], broadcast=False)
+            return None if cl is None else (cl, (*a.dims[:-1], b.dims[-1]))
+        # elementwise binary, numpy broadcasting over classes
+        out: list[int] = []
+        cl = classes
+        for k in range(1, max(len(a.dims), len(b.dims)) + 1):
+            x = a.dims[-k] if k <= len(a.dims) else UNIT
+            y = b.dims[-k] if k <= len(b.dims) else UNIT
+            if x == UNIT or y == UNIT:
+                out.append(y if x == UNIT else x)
+                continue
+            cl = _unify(cl, x, y, broadcast=True)
+            if cl is None:
+                return None
+            out.append(x)
+        return None if cl is None else (cl, tuple(reversed(out)))
+
+    def _ae(
+        self, op: str, tiles: list[Tile], attrs: tuple[tuple[str, Any], ...], consts: tuple[tuple[int, float], ...],
+    ) -> AV | None:
+        """The new tile's abstract value, or None when the target does not contain it (memoized:
+        the same operands recur in many states). An accumulator adds nothing: a sum of partial
+        sums over the dim its loop walks is that same sum."""
+        if op == "acc":
+            return tiles[0].ae, tiles[0].pdims
+        key = (op, attrs, consts, tuple((t.ae, t.pdims) for t in tiles))
+        if key in self._memo:
+            return self._memo[key]
+        args: list[AV] = [(t.ae, t.pdims) for t in tiles]
+        for pos, _ in consts:
+            args.insert(pos, self.alg.const(0.0))
+        value = apply(self.alg, op, args, dict(attrs), [])
+        result = value if self.oracle.contains(value[0]) else None
+        self._memo[key] = result
+        return result
+
+    # -- completeness ----------------------------------------------------------------------------
+    @staticmethod
+    def complete(s: BlockState) -> bool:
+        if not any(t.op == "acc" for t in s.tiles):
+            return False
+        for k, t in enumerate(s.tiles):
+            if t.phase == 0 and k not in s.used:
+                return False
+        return sum(1 for k, t in enumerate(s.tiles) if t.phase == 1 and k not in s.used) <= MAX_OUTPUTS
+
+
+def _signature(s: BlockState, first: int) -> tuple[Any, ...]:
+    """What the post-loop graphs over a state's accumulators depend on: each accumulator's
+    expression, dims (classes renumbered by first appearance, with their sizes and program
+    classes) and whether it gathers an unreduced value."""
+    renumber: dict[int, int] = {}
+    out = []
+    for t in s.tiles[first:]:
+        dims = []
+        for d in t.dims:
+            root = s.classes.find(d)
+            dims.append(UNIT if root == UNIT else (renumber.setdefault(root, len(renumber)), s.classes.size[root]))
+        out.append((t.ae, t.pdims, tuple(dims), _gathers(s.tiles[t.args[0]])))
+    return tuple(out)
+
+
+def _recipe(t: Tile, first: int) -> tuple[Any, ...]:
+    return (t.op, tuple(a - first for a in t.args), t.attrs, t.consts)
+
+
+def _recomputes(s: BlockState, args: tuple[int, ...], ae: AE, phase: int) -> bool:
+    """Would a new tile (reading `args`, of expression `ae`) recompute a value the block already
+    has? Either an existing tile of its phase already contains `ae` (the new one repeats part of
+    it), or `ae` contains an existing tile's expression without being built from that tile. A
+    schedule that reuses the value instead is generated too, so nothing is lost."""
+    ancestors = set(args)
+    stack = list(args)
+    while stack:
+        for a in s.tiles[stack.pop()].args:
+            if a not in ancestors:
+                ancestors.add(a)
+                stack.append(a)
+    for k, t in enumerate(s.tiles):
+        if t.phase != phase or t.op == "input" or k in ancestors:
+            continue
+        if _subterm(ae, t.ae) or _subterm(t.ae, ae):
+            return True
+    return False
+
+
+def _subterm(small: AE, big: AE) -> bool:
+    """Is `small` a proper subterm of `big`?"""
+    return any(isinstance(k, tuple) and (k == small or _subterm(small, k)) for k in big[1:])
+
+
+def _gathers(t: Tile) -> bool:
+    """A tile that nothing has reduced and that is not a block input: accumulating it only gathers
+    slices (a concatenation, or the same value every iteration)."""
+    return t.op != "input" and not _reduces(t.ae)
+
+
+def _reduces(e: AE) -> bool:
+    return e[0] in ("sum", "max") or any(isinstance(k, tuple) and _reduces(k) for k in e[1:])
+
+
+def _unify(cl: Classes | None, x: int, y: int, broadcast: bool) -> Classes | None:
+    if cl is None:
+        return None
+    if x == UNIT and y == UNIT:
+        return cl
+    if UNIT in (x, y):
+        return cl if broadcast else None
+    return cl.union(x, y)
+
+
+# ---------------------------------------------------------------------------------------------
+# Resolution: concrete maps for a complete block graph
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """A kernel tensor dim that concatenates per-chunk partial results along a grid axis."""
+
+    dim: int
+    axis: str
+    size: Size
+    kind: str  # "sum" | "mean": how the chunks merge
+    base: int  # the dim's size per chunk
+
+
+@dataclass
+class Resolved:
+    kernel: GraphKernel
+    outputs: list[tuple[str, int, Chunk | None]]  # (kernel tensor id, tile index, chunk)
+
+
+@dataclass
+class Axis:
+    name: str
+    size: Size
+    classes: frozenset[int]
+    partial: bool = False
+
+
+def resolve(
+    s: BlockState, inputs: Sequence[InputSpec], tensor_ids: Sequence[str], kid: str, index: int,
+    tie: tuple[str, Size] | None, max_grid: int = 3, partial_axes: bool = True,
+) -> Iterator[Resolved]:
+    """Every valid tiling of a complete block graph, as graph kernels with symbolic sizes."""
+    cl = s.classes
+    outs = [k for k, t in enumerate(s.tiles) if t.phase == 1 and not _consumed(s, k)]
+    root_dims = [tuple(cl.find(d) for d in t.dims) for t in s.tiles]
+    input_classes = {c for k, t in enumerate(s.tiles) if t.op == "input" for c in root_dims[k] if c != UNIT}
+    tied_classes = {root_dims[k][d] for k, d in s.tied if root_dims[k][d] != UNIT}
+    in_all_outputs = set.intersection(*(set(root_dims[o]) - {UNIT} for o in outs))
+
+    def splits(c: int, want: tuple[str, ...]) -> bool:
+        """A grid axis may split class c: every tile stays computable and the outputs are `want`."""
+        st = _statuses(s, frozenset({c}), root_dims, None, is_loop=False)
+        return st is not None and all(st[o] in want for o in outs)
+
+    # Dominance applies among the classes a grid axis can split: splitting all of them (an axis of
+    # size 1 stays available) covers every subset.
+    parallel = [c for c in sorted((in_all_outputs & input_classes) - tied_classes) if splits(c, (SPLIT,))]
+    reduced = sorted(input_classes - in_all_outputs - tied_classes)
+    splittable_reduced = [c for c in reduced if splits(c, (SUM, MEAN))]
+    loop_options: list[frozenset[int]]
+    if tie is not None:
+        loop_options = [frozenset({-2})]  # the tied loop: walks the tied input dims
+    else:
+        loop_options = [frozenset(c) for r in range(len(reduced) + 1) for c in combinations(reduced, r)]
+    partial_options = [()] + ([(c,) for c in splittable_reduced] if partial_axes else [])
+    for loop in loop_options:
+        for partial in partial_options:
+            room = max_grid - len(partial)
+            if room < 0:
+                continue
+            grid_sets = [tuple(parallel)] if len(parallel) <= room else list(combinations(parallel, room))
+            for par in grid_sets:
+                if not par and not partial:
+                    continue
+                res = _tiling(s, inputs, tensor_ids, kid, index, par, partial, loop, tie, root_dims, outs)
+                if res is not None:
+                    yield res
+
+
+def _consumed(s: BlockState, k: int) -> bool:
+    return any(k in t.args for t in s.tiles)
+
+
+def _tiling(
+    s: BlockState, inputs: Sequence[InputSpec], tensor_ids: Sequence[str], kid: str, index: int,
+    par: tuple[int, ...], partial: tuple[int, ...], loop: frozenset[int], tie: tuple[str, Size] | None,
+    root_dims: list[tuple[int, ...]], outs: list[int],
+) -> Resolved | None:
+    letters = "xyz"
+    axes = [Axis(f"g{letters[i]}{index}", Size.sym(f"g{letters[i]}{index}"), frozenset({c})) for i, c in enumerate(par)]
+    for c in partial:
+        i = len(axes)
+        axes.append(Axis(f"g{letters[i]}{index}", Size.sym(f"g{letters[i]}{index}"), frozenset({c}), partial=True))
+    grid_status = [_statuses(s, ax.classes, root_dims, None, is_loop=False) for ax in axes]
+    if tie is not None:
+        loop_status = _statuses(s, frozenset(), root_dims, set(s.tied), is_loop=True)
+    elif loop:
+        loop_status = _statuses(s, loop, root_dims, None, is_loop=True)
+    else:
+        loop_status = None
+    if any(st is None for st in grid_status) or (loop_status is None and (loop or tie)):
+        return None
+    # Inputs: imap and fmap.
+    n_inputs = len(inputs)
+    imaps: list[list[int | None]] = []
+    fmaps: list[int | None] = []
+    for k in range(n_inputs):
+        dims = root_dims[k]
+        imap: list[int | None] = []
+        for ax in axes:
+            hits = [d for d, c in enumerate(dims) if c in ax.classes]
+            if len(hits) > 1:
+                return None
+            imap.append(hits[0] if hits else None)
+        walked = [d for (t, d) in s.tied if t == k] if tie is not None else [d for d, c in enumerate(dims) if c in loop]
+        if len(walked) > 1:
+            return None
+        imaps.append(imap)
+        fmaps.append(walked[0] if walked else None)
+    for a in range(len(axes)):
+        if all(imaps[k][a] is None for k in range(n_inputs)):
+            return None  # an axis that splits no input computes the same tile in every block
+    looping = tie is not None or bool(loop)
+    if looping and all(f is None for f in fmaps):
+        return None
+    if not looping and any(t.phase == 1 and t.op != "acc" for t in s.tiles):
+        return None  # without a loop the body/post split means nothing: the all-body form stands for it
+    # Accumulators.
+    acc_kind: dict[int, tuple[str, int | None]] = {}
+    for k, t in enumerate(s.tiles):
+        if t.op != "acc":
+            continue
+        src = t.args[0]
+        if not looping:
+            acc_kind[k] = ("sum", None)
+            continue
+        assert loop_status is not None
+        st = loop_status[src]
+        if st == SPLIT and s.tiles[src].op == "input":
+            return None  # gathering a walked input whole just undoes the loop
+            dims = [d for d, c in enumerate(root_dims[src]) if c in loop]
+            if len(dims) != 1:
+                return None
+            acc_kind[k] = ("concat", dims[0])
+        elif st in (SUM, MEAN):
+            acc_kind[k] = (st, None)
+        elif st == NONE:
+            acc_kind[k] = ("mean", None)
+        else:
+            return None
+    # Outputs: omaps and chunks.
+    omaps: list[list[int]] = []
+    chunks: list[Chunk | None] = []
+    for o in outs:
+        dims = root_dims[o]
+        omap: list[int] = []
+        chunk: Chunk | None = None
+        for a, ax in enumerate(axes):
+            st = grid_status[a][o]  # type: ignore[index]
+            if st == SPLIT and not ax.partial:
+                hits = [d for d, c in enumerate(dims) if c in ax.classes]
+                if len(hits) != 1:
+                    return None
+                omap.append(hits[0])
+            elif st in (SUM, MEAN) and ax.partial:
+                free = [d for d in range(len(dims)) if d not in omap]
+                taken = {h for b, bx in enumerate(axes) if not bx.partial
+                         for h in [d for d, c in enumerate(dims) if c in bx.classes]}
+                free = [d for d in free if d not in taken]
+                if not free:
+                    return None
+                omap.append(free[-1])
+                base = s.classes.size[dims[free[-1]]] if dims[free[-1]] != UNIT else 1
+                chunk = Chunk(free[-1], ax.name, ax.size, st, base)
+            else:
+                return None
+        omaps.append(omap)
+        chunks.append(chunk)
+    return _build(s, inputs, tensor_ids, kid, axes, tie, loop if tie is None else None, imaps, fmaps, acc_kind,
+                  outs, omaps, chunks, index, loop_status)
+
+
+def _statuses(
+    s: BlockState, axis: frozenset[int], root_dims: list[tuple[int, ...]], tied: set[tuple[int, int]] | None,
+    is_loop: bool,
+) -> list[str] | None:
+    """Per tile: how it relates to an axis that splits `axis` classes (or walks the tied dims).
+
+    none: does not depend on the split; split: a slice along the axis; sum / mean: a partial
+    sum / mean over the axis' slices; a tiling is invalid as soon as a tile would be `bad` (a
+    value that no combination of per-slice values gives, e.g. a product of partial sums)."""
+    st: list[str] = []
+    for k, t in enumerate(s.tiles):
+        if t.op == "input":
+            if tied is not None:
+                st.append(SUM if any(i == k for i, _ in tied) else NONE)
+            else:
+                st.append(SPLIT if any(c in axis for c in root_dims[k]) else NONE)
+            continue
+        a = [st[x] for x in t.args]
+        if t.op == "acc" and is_loop:
+            st.append(NONE if a[0] != BAD else BAD)  # the accumulator completes the loop
+        else:
+            st.append(_status(t, a, root_dims, axis))
+        if st[-1] == BAD:
+            return None
+    return st
+
+
+def _status(t: Tile, a: list[str], root_dims: list[tuple[int, ...]], axis: frozenset[int]) -> str:
+    op = t.op
+    if op == "acc":
+        return a[0]
+    if t.consts:
+        x = a[0]
+        if x not in (SUM, MEAN):
+            return x
+        # Scaling a partial sum by a constant keeps it a partial sum; anything else does not.
+        return x if op == "mul" or (op == "div" and t.consts[0][0] == 1) else BAD
+    if op in ops.UNARY:
+        x = a[0]
+        if x in (SUM, MEAN):
+            return x if op == "neg" else BAD
+        return x
+    if op in ops.REDUCE:
+        x = a[0]
+        d = dict(t.attrs)["dim"]
+        src = root_dims[t.args[0]]
+        if x == SPLIT and src[d] in axis:
+            return {"sum": SUM, "mean": MEAN}.get(op, BAD)
+        if x in (SUM, MEAN) and op == "max":
+            return BAD
+        return x
+    if op in ("rms_norm", "softmax"):
+        x = a[0]
+        d = dict(t.attrs)["dim"]
+        if x == SPLIT and root_dims[t.args[0]][d] in axis:
+            return BAD
+        return BAD if x in (SUM, MEAN) else x
+    if op == "matmul":
+        x, y = a
+        left = root_dims[t.args[0]]
+        if x == SPLIT and left[-1] in axis:
+            return SUM if y == SPLIT else BAD
+        if x in (SUM, MEAN) and y == NONE:
+            return x
+        if y in (SUM, MEAN) and x == NONE:
+            return y
+        if x in (SUM, MEAN) or y in (SUM, MEAN):
+            return BAD
+        return SPLIT if SPLIT in (x, y) else NONE
+    # elementwise binary
+    x, y = a
+    if x in (SUM, MEAN) or y in (SUM, MEAN):
+        if op in ("add", "sub"):
+            return x if x == y else BAD
+        if op == "mul":
+            if x in (SUM, MEAN) and y == NONE:
+                return x
+            if y in (SUM, MEAN) and x == NONE:
+                return y
+            return BAD
+        if op == "div":
+            return x if x in (SUM, MEAN) and y == NONE else BAD
+    return SPLIT if SPLIT in (x, y) else NONE
+
+
+def _build(
+    s: BlockState, inputs: Sequence[InputSpec], tensor_ids: Sequence[str], kid: str, axes: list[Axis],
+    tie: tuple[str, Size] | None, loop: frozenset[int] | None, imaps: list[list[int | None]], fmaps: list[int | None],
+    acc_kind: dict[int, tuple[str, int | None]], outs: list[int], omaps: list[list[int]], chunks: list[Chunk | None],
+    index: int, loop_status: list[str] | None,
+) -> Resolved:
+    if tie is not None:
+        loop_axis: tuple[str, Size | int] = (tie[0], tie[1])
+    elif loop:
+        loop_axis = (f"F{index}", Size.sym(f"F{index}"))
+    else:
+        loop_axis = (f"F{index}", 1)
+    kb = BlockBuilder(kid, [(ax.name, ax.size) for ax in axes], loop_axis)
+    names: dict[int, str] = {}
+    const_ids: dict[tuple[int, float], str] = {}
+    for k, t in enumerate(s.tiles):
+        if t.op == "input":
+            spec = inputs[k]
+            names[k] = kb.input(tensor_ids[spec.tensor], imaps[k], fmaps[k], name=f"in{k}")
+            continue
+        args = [names[a] for a in t.args]
+        for pos, value in t.consts:
+            cid = const_ids.get((t.phase, value))
+            if cid is None:
+                adder = kb.op if t.phase == 0 else kb.after
+                cid = adder("const", name=f"c{len(const_ids)}", value=value)
+                const_ids[(t.phase, value)] = cid
+            args.insert(pos, cid)
+        if t.op == "acc":
+            kind, dim = acc_kind[k]
+            names[k] = kb.acc(args[0], kind, dim, name=f"a{k}")
+            continue
+        adder = kb.op if t.phase == 0 else kb.after
+        names[k] = adder(t.op, *args, name=f"v{k}", **dict(t.attrs))
+    outputs: list[tuple[str, int, Chunk | None]] = []
+    for j, (o, omap, chunk) in enumerate(zip(outs, omaps, chunks, strict=True)):
+        tid = f"{kid}_out{j}"
+        kb.output(names[o], tid, omap)
+        outputs.append((tid, o, chunk))
+    return Resolved(kb.kernel(), outputs)

@@ -1,0 +1,338 @@
+"""Kernel-level generation: kernel graphs of library kernels and graph-defined kernels.
+
+Depth-first, one kernel at a time, in a canonical order (a kernel's key — its newest input
+tensor, its inputs, its kind and body — exceeds the previous kernel's), with at most
+`max_kernel_ops` kernels. A library kernel runs one program op (with the program's attributes); a
+graph kernel comes from the block-level generator (`search.block`) over 1..`max_block_inputs`
+existing tensors, each of its resolved tilings a separate move. A tensor holding per-chunk
+partial results may only feed a graph kernel whose loop is tied to its chunk axis (which merges
+the chunks). Every new tensor's abstract expression must be in the target's e-graph, and a tensor
+repeating an existing one (same expression, shape and chunking) is cut.
+
+A state is a candidate when, for every program output, some tensor has its shape and an abstract
+expression equal to the output's, and every kernel contributes to those outputs. States are
+explored by iterative deepening on the number of kernels, so the search is anytime: schedules with
+fewer launches are found first.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from itertools import combinations
+from typing import Any
+
+from superopt import ops
+from superopt.config import SearchConfig
+from superopt.dimclasses import input_classes
+from superopt.primitives import apply
+from superopt.program import Program
+from superopt.search.block import BlockState, Chunk, Generator, InputSpec, resolve
+from superopt.search.space import Space
+from superopt.sgraph import GraphKernel, Kernel, LibraryKernel, SGraph, SGraphError, TensorDecl
+from superopt.sizes import Size
+from superopt.verifier.oracle import AE, AbstractAlgebra, Oracle, abstract_program
+
+
+@dataclass(frozen=True)
+class KTensor:
+    id: str
+    shape: tuple[Size, ...]
+    ae: AE
+    classes: tuple[int, ...]  # program dim class of each dim
+    chunk: Chunk | None = None
+
+
+@dataclass(frozen=True)
+class KState:
+    tensors: tuple[KTensor, ...]
+    kernels: tuple[Kernel, ...]
+    last_key: tuple[Any, ...]
+    graph_kernels: int = 0
+
+
+BLOCK_CACHE_ENTRIES = 16  # input combinations whose block graphs are kept (least recently used go)
+
+
+class BudgetExhausted(Exception):
+    """The search ran out of time or states (the caller keeps the best found so far)."""
+
+
+@dataclass
+class KernelSearch:
+    program: Program
+    space: Space
+    oracle: Oracle
+    config: SearchConfig
+    deadline: float = float("inf")
+    max_states: int | None = None
+    states: int = 0
+    pruned: int = 0
+    block_cache: dict[tuple[Any, ...], _Lazy] = field(default_factory=dict)
+    on_state: Callable[[KernelSearch], None] | None = None
+    _gen: Generator | None = None
+
+    def __post_init__(self) -> None:
+        self._gen = Generator(self.space, self.oracle, self.config.max_block_ops, on_state=self._tick)
+        alg = AbstractAlgebra()
+        self._alg = alg
+        self._outputs = [self.program.nodes[o] for o in self.program.outputs]
+        values = abstract_program(self.program)
+        self._targets = [values[o][0] for o in self.program.outputs]
+        self._library_attrs: dict[str, list[dict[str, Any]]] = {}
+        for n in self.program.topological():
+            if n.op in ("input", "const"):
+                continue
+            entry = self._library_attrs.setdefault(n.op, [])
+            if dict(n.attrs) not in entry:
+                entry.append(dict(n.attrs))
+
+    # -- budget ----------------------------------------------------------------------------------
+    @property
+    def total_states(self) -> int:
+        assert self._gen is not None
+        return self.states + self._gen.states
+
+    @property
+    def total_pruned(self) -> int:
+        assert self._gen is not None
+        return self.pruned + self._gen.pruned
+
+    def _tick(self) -> None:
+        if self.on_state is not None:
+            self.on_state(self)
+        if time.monotonic() > self.deadline:
+            raise BudgetExhausted("time")
+        if self.max_states is not None and self.total_states >= self.max_states:
+            raise BudgetExhausted("states")
+
+    # -- the walk ------------------------------------------------------------------------------
+    def initial(self) -> KState:
+        classes = input_classes(self.program)
+        tensors = tuple(KTensor(n.id, n.size_shape, ("inp", n.id), classes[n.id]) for n in self.program.inputs)
+        return KState(tensors, (), ())
+
+    def candidates(self) -> Iterator[SGraph]:
+        """Every candidate sGraph, fewest kernels first (iterative deepening over the kernel count:
+        one-kernel answers come before any deeper branch is explored)."""
+        for depth in range(1, self.config.max_kernel_ops + 1):
+            yield from self._at_depth(self.initial(), depth)
+
+    def _at_depth(self, state: KState, depth: int) -> Iterator[SGraph]:
+        self.states += 1
+        self._tick()
+        if len(state.kernels) == depth:
+            cand = self._candidate(state)
+            if cand is not None:
+                yield cand
+            return
+        for nxt in self.moves(state, final=len(state.kernels) == depth - 1):
+            yield from self._at_depth(nxt, depth)
+
+    def moves(self, s: KState, final: bool = False) -> Iterator[KState]:
+        """Successor states. For the last kernel of a depth, only kernels that complete the
+        program's outputs are worth building: their new tensors must match what is missing."""
+        yield from self._library_moves(s, final)
+        yield from self._graph_moves(s, final)
+
+    def _missing(self, s: KState) -> list[int]:
+        """Program outputs no tensor of `s` matches yet."""
+        return [
+            i for i, node in enumerate(self._outputs)
+            if not any(t.chunk is None and t.shape == node.size_shape and self.oracle.equivalent(t.ae, i)
+                       for t in s.tensors)
+        ]
+
+    def _inputs_of(self, outputs: list[int]) -> set[str]:
+        return set().union(*(_leaves(self._targets[i]) for i in outputs)) if outputs else set()
+
+    def _completes(self, missing: list[int], new: Sequence[tuple[AE, tuple[Size, ...]]]) -> bool:
+        return all(
+            any(shape == self._outputs[i].size_shape and self.oracle.equivalent(ae, i) for ae, shape in new)
+            for i in missing
+        )
+
+    def _library_moves(self, s: KState, final: bool) -> Iterator[KState]:
+        usable = [i for i, t in enumerate(s.tensors) if t.chunk is None]
+        missing = self._missing(s) if final else []
+        for op in self.space.library_ops:
+            arity = ops.OPS[op].arity
+            for args in _tuples(usable, arity):
+                for attrs in self._library_attrs.get(op, [{}]):
+                    key = (max(args), args, 0, op, tuple(sorted((k, str(v)) for k, v in attrs.items())))
+                    if key <= s.last_key:
+                        continue
+                    try:
+                        shape = ops.infer_shape(op, [s.tensors[a].shape for a in args], attrs)
+                    except ops.OpError:
+                        continue
+                    operands = [(s.tensors[a].ae, s.tensors[a].classes) for a in args]
+                    ae, classes = apply(self._alg, op, operands, attrs, [])
+                    if not self.oracle.contains(ae) or self._repeats(s, ae, shape, None):
+                        self.pruned += 1
+                        continue
+                    if final and not self._completes(missing, [(ae, shape)]):
+                        self.pruned += 1
+                        continue
+                    kid = f"k{len(s.kernels)}"
+                    out = KTensor(f"t{len(s.kernels)}", shape, ae, classes)
+                    kernel = LibraryKernel(kid, op, tuple(s.tensors[a].id for a in args), attrs, out.id)
+                    yield KState((*s.tensors, out), (*s.kernels, kernel), key, s.graph_kernels)
+
+    def _graph_moves(self, s: KState, final: bool) -> Iterator[KState]:
+        assert self._gen is not None
+        indices = range(len(s.tensors))
+        missing = self._missing(s) if final else []
+        needed = self._inputs_of(missing) if final else set()
+        for size in range(1, self.config.max_block_inputs + 1):
+            for subset in combinations(indices, size):
+                if final and not needed <= set().union(*(_leaves(s.tensors[i].ae) for i in subset)):
+                    continue  # the last kernel must see every program input its outputs read
+                chunks = {s.tensors[i].chunk.axis for i in subset if s.tensors[i].chunk is not None}
+                if len(chunks) > 1:
+                    continue
+                tie = next(((c.axis, c.size) for i in subset if (c := s.tensors[i].chunk) is not None), None)
+                specs = [self._spec(s.tensors[i], i, tie is not None) for i in subset]
+                for block in self._blocks(specs):
+                    if final and not self._completes(missing, _sinks(block)):
+                        self.pruned += 1
+                        continue
+                    kid = f"k{len(s.kernels)}"
+                    ids = [t.id for t in s.tensors]
+                    for res in resolve(block, specs, ids, kid, s.graph_kernels, tie, self.config.max_grid_axes,
+                                       partial_axes=not final):
+                        signature = _signature(res.kernel)
+                        key = (max(subset), subset, 1, signature)
+                        if key <= s.last_key:
+                            continue
+                        new = []
+                        for tid, tile, chunk in res.outputs:
+                            shape = _output_shape(block, tile, chunk)
+                            ae = block.tiles[tile].ae
+                            if self._repeats(s, ae, shape, chunk):
+                                break
+                            classes = block.tiles[tile].pdims
+                            new.append(KTensor(tid, shape, ae, classes, chunk))
+                        else:
+                            yield KState((*s.tensors, *new), (*s.kernels, res.kernel), key, s.graph_kernels + 1)
+                            continue
+                        self.pruned += 1
+
+    def _spec(self, t: KTensor, index: int, tied: bool) -> InputSpec:
+        if t.chunk is None:
+            return InputSpec(index, tuple(d.int_value() for d in t.shape), t.ae, t.classes)
+        shape = [d.int_value() if d.is_const() else 0 for d in t.shape]
+        shape[t.chunk.dim] = t.chunk.base
+        return InputSpec(index, tuple(shape), t.ae, t.classes, t.chunk.dim if tied else None)
+
+    def _blocks(self, specs: Sequence[InputSpec]) -> Iterator[BlockState]:
+        """Complete block graphs over these inputs, smallest first. Generated lazily and memoized
+        (the same inputs recur across kernel-level states): a later walk over the same inputs
+        replays what was generated and continues from there."""
+        assert self._gen is not None
+        key = tuple((sp.shape, sp.ae, sp.classes, sp.tied_dim) for sp in specs)
+        lazy = self.block_cache.pop(key, None)
+        if lazy is None:
+            lazy = _Lazy(self._gen.complete_graphs(self._gen.start(specs)))
+        self.block_cache[key] = lazy  # most recently used last
+        if len(self.block_cache) > BLOCK_CACHE_ENTRIES:
+            self.block_cache.pop(next(iter(self.block_cache)))
+        for state in lazy:
+            self._tick()
+            yield state
+
+    def _repeats(self, s: KState, ae: AE, shape: tuple[Size, ...], chunk: Chunk | None) -> bool:
+        return any(t.ae == ae and t.shape == shape and t.chunk == chunk for t in s.tensors)
+
+    # -- candidates ------------------------------------------------------------------------------
+    def _candidate(self, s: KState) -> SGraph | None:
+        chosen: list[str] = []
+        for i, node in enumerate(self._outputs):
+            want = node.size_shape
+            match = next(
+                (t for t in reversed(s.tensors)
+                 if t.chunk is None and t.shape == want and t.id not in chosen and self.oracle.equivalent(t.ae, i)),
+                None,
+            )
+            if match is None or match.id in {n.id for n in self.program.inputs}:
+                return None
+            chosen.append(match.id)
+        needed = set(chosen)
+        for k in reversed(s.kernels):
+            if needed & set(k.outputs):
+                needed |= set(k.tensor_inputs)
+        if not all(set(k.outputs) & needed for k in s.kernels):
+            return None
+        decls = tuple(TensorDecl(n.id, n.shape, n.dtype or "f32") for n in self.program.inputs)
+        try:
+            sg = SGraph(decls, s.kernels, tuple(chosen), f"{self.program.name}.searched")
+            sg.info  # noqa: B018 - validates
+        except SGraphError:
+            self.pruned += 1
+            return None
+        return sg
+
+
+class _Lazy:
+    """A memoized generator: iterating again replays the items produced so far, then resumes."""
+
+    def __init__(self, source: Iterator[BlockState]) -> None:
+        self._source = source
+        self._items: list[BlockState] = []
+        self._done = False
+
+    def __iter__(self) -> Iterator[BlockState]:
+        i = 0
+        while True:
+            if i < len(self._items):
+                yield self._items[i]
+                i += 1
+            elif self._done:
+                return
+            else:
+                try:
+                    self._items.append(next(self._source))
+                except StopIteration:
+                    self._done = True
+
+
+def _leaves(e: AE) -> set[str]:
+    if e[0] == "inp":
+        return {e[1]}
+    return set().union(*(_leaves(k) for k in e[1:] if isinstance(k, tuple))) if len(e) > 1 else set()
+
+
+def _tuples(indices: Sequence[int], arity: int) -> Iterator[tuple[int, ...]]:
+    if arity == 1:
+        for i in indices:
+            yield (i,)
+    else:
+        for i in indices:
+            for j in indices:
+                yield (i, j)
+
+
+def _signature(k: GraphKernel) -> str:
+    b = k.block
+    parts = [f"{len(b.grid)}:{b.loop.size}"]
+    parts += [f"i{i.tensor}{i.imap}{i.fmap}" for i in b.inputs]
+    parts += [f"{o.op}{o.inputs}{sorted(o.attrs.items())}" for o in (*b.body, *b.post)]
+    parts += [f"a{a.source}{a.kind}{a.dim}" for a in b.accumulators]
+    parts += [f"o{o.source}{o.omap}" for o in b.outputs]
+    return "|".join(parts)
+
+
+def _sinks(block: BlockState) -> list[tuple[AE, tuple[Size, ...]]]:
+    """The abstract expression and full shape of each block output (its unconsumed post tiles)."""
+    used = {a for t in block.tiles for a in t.args}
+    return [(t.ae, _output_shape(block, k, None)) for k, t in enumerate(block.tiles)
+            if t.phase == 1 and k not in used]
+
+
+def _output_shape(block: BlockState, tile: int, chunk: Chunk | None) -> tuple[Size, ...]:
+    dims = block.tiles[tile].dims
+    shape = [Size.const(1 if d < 0 else block.classes.size[block.classes.find(d)]) for d in dims]
+    if chunk is not None:
+        shape[chunk.dim] = Size.const(chunk.base) * chunk.size
+    return tuple(shape)

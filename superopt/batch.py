@@ -1,0 +1,94 @@
+"""Batch runs (`superopt batch FILE.jsonl`): many programs, one job each, one summary.
+
+Each non-blank line not starting with `#` is one of:
+    gqa:ci                                      a built-in workload name (bare or as a JSON string)
+    {"schema": "superopt.program/1", ...}       a program JSON document
+    {"program": "lora", "target": "a100", "budget_s": 30, "force": false, "config": {...}}
+                                                a job request (the body of POST /jobs); here
+                                                "program" may also be a file relative to FILE
+The whole file is checked before anything is submitted, so a bad line queues nothing. Jobs run
+through workers, or with `local` in this process; either way a program already in the cache
+finishes at once as a cache hit, so re-running a batch only searches what is missing.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from superopt.db.engine import Database
+from superopt.db.errors import RequestError
+from superopt.db.jobs import JobQueue, JobView
+from superopt.jobspec import JobRequest, parse_request
+from superopt.program import Program
+from superopt.worker import Optimize, Worker
+
+
+@dataclass(frozen=True)
+class BatchEntry:
+    line: int
+    program: Program
+    request: JobRequest
+
+
+def read_batch(path: Path, defaults: dict[str, Any] | None = None) -> list[BatchEntry]:
+    """Every job of a batch file, or the RequestError of its first bad line ("line 3: target: ...").
+    `defaults` fill the options a line leaves out (the command line's --target, --budget-s)."""
+    if not path.is_file():
+        raise RequestError(str(path), "no such file")
+    entries = []
+    for n, raw in enumerate(path.read_text().splitlines(), start=1):
+        text = raw.strip()
+        if not text or text.startswith("#"):
+            continue
+        try:
+            data = json.loads(text) if text[0] in '{["' else text
+        except json.JSONDecodeError as e:
+            raise RequestError(f"line {n}", f"not valid JSON: {e}") from None
+        if not isinstance(data, dict) or "schema" in data:
+            data = {"program": data}
+        try:
+            req = parse_request({**(defaults or {}), **data})
+            entries.append(BatchEntry(n, req.build_program(files_under=path.parent), req))
+        except RequestError as e:
+            raise RequestError(f"line {n}: {e.field}", e.message) from None
+    if not entries:
+        raise RequestError(str(path), "holds no job")
+    return entries
+
+
+def run_batch(
+    db: Database, entries: list[BatchEntry], *, local: bool = False, optimize: Optimize | None = None,
+    on_progress: Callable[[list[JobView]], None] | None = None, poll_s: float = 0.5,
+) -> list[JobView]:
+    """Submit every entry and wait until all have finished; `local` runs them in this process
+    (only these jobs), otherwise workers do. `on_progress` sees the jobs after every change."""
+    queue = JobQueue(db)
+    ids = [e.request.submit_to(queue, e.program).id for e in entries]
+    worker = Worker(db, optimize=optimize) if local else None
+    while True:
+        views = queue.get_many(ids)
+        if on_progress:
+            on_progress(views)
+        if all(v.state.terminal for v in views):
+            return views
+        if worker is None or worker.run_one(only=ids) is None:
+            time.sleep(poll_s)  # workers elsewhere hold the rest
+
+
+def summary_rows(entries: list[BatchEntry], views: list[JobView]) -> list[dict[str, Any]]:
+    """One row per batch line: what the summary table and `--json` show."""
+    rows = []
+    for e, v in zip(entries, views, strict=True):
+        r = v.result or {}
+        rows.append({
+            "line": e.line, "job": v.id, "program": v.program_name, "hash": v.program_hash, "target": v.target,
+            "state": v.state.value, "cache_hit": v.cache_hit, "time_us": r.get("time_us"),
+            "baseline_time_us": r.get("baseline_time_us"), "speedup": r.get("speedup"),
+            "kernel_id": r.get("kernel_id"), "cached": r.get("cached"), "error": v.error,
+        })
+    return rows

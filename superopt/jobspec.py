@@ -1,0 +1,128 @@
+"""What a job request holds, validated the same way for the HTTP service and for batch files.
+
+A request names a program (a built-in workload name, or program JSON inline) and options: target,
+budgets, `force`, search bounds. Every problem is a RequestError naming the field it is in
+("budget_s", "config.max_kernel_ops", "program"), so that front ends can answer with one line.
+The service never reads files: only batch files, written by the user at the command line, may
+name a program JSON file, relative to the batch file.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from superopt import workloads
+from superopt.config import SearchConfig
+from superopt.db.errors import RequestError
+from superopt.db.jobs import JobQueue, JobView
+from superopt.loading import LoadError, load_program
+from superopt.program import Program, ProgramError
+from superopt.targets import TARGETS
+
+_DEFAULT = SearchConfig()
+_STRICT = ConfigDict(extra="forbid", strict=True)
+
+
+class ConfigSpec(BaseModel):
+    """The search bounds (superopt.config.SearchConfig); omitted fields keep their defaults."""
+
+    model_config = _STRICT
+    max_kernel_ops: int = Field(_DEFAULT.max_kernel_ops, ge=1, le=32)
+    max_block_ops: int = Field(_DEFAULT.max_block_ops, ge=1, le=64)
+    max_grid_axes: int = Field(_DEFAULT.max_grid_axes, ge=1, le=3)
+    max_block_inputs: int = Field(_DEFAULT.max_block_inputs, ge=1, le=16)
+    concrete: bool = _DEFAULT.concrete
+
+    def to_config(self) -> SearchConfig:
+        return SearchConfig(**self.model_dump())
+
+
+class JobRequest(BaseModel):
+    """The body of `POST /jobs`, and one line of a batch file."""
+
+    model_config = _STRICT
+    program: Any = Field(description="program JSON (superopt.program/1) or a built-in workload name")
+    target: str = Field("auto", description=f"auto, or one of {', '.join(TARGETS)}")
+    budget_s: float | None = Field(None, gt=0, le=7 * 24 * 3600, description="search time budget in seconds")
+    max_states: int | None = Field(None, gt=0, description="search state budget")
+    force: bool = Field(False, description="search even when the cache has the answer")
+    config: ConfigSpec | None = None
+
+    @field_validator("program")
+    @classmethod
+    def _program_kind(cls, v: Any) -> Any:
+        if not isinstance(v, dict | str):
+            raise ValueError(f"expected program JSON (an object) or a built-in workload name, got {type(v).__name__}")
+        return v
+
+    @field_validator("target")
+    @classmethod
+    def _known_target(cls, v: str) -> str:
+        if v != "auto" and v.lower() not in TARGETS:
+            raise ValueError(f"unknown target {v!r}; expected auto or one of {', '.join(TARGETS)}")
+        return v.lower()
+
+    def search_config(self) -> SearchConfig:
+        return self.config.to_config() if self.config else SearchConfig()
+
+    def submit_to(self, queue: JobQueue, program: Program) -> JobView:
+        return queue.submit(
+            program, target=self.target, config=self.search_config(), budget_s=self.budget_s,
+            max_states=self.max_states, force=self.force,
+        )
+
+    def build_program(self, files_under: Path | None = None) -> Program:
+        """The program this request names; a RequestError("program", ...) when it names none.
+
+        A string is a built-in workload name, or (only when `files_under` is given) a program
+        JSON file relative to that directory."""
+        try:
+            if isinstance(self.program, dict):
+                return Program.from_json(self.program)
+            if files_under is None or workloads.is_builtin(self.program):
+                return _builtin(self.program)
+            if not (files_under / self.program).is_file():
+                raise LoadError(f"{self.program!r} is neither a built-in workload ({', '.join(workloads.WORKLOADS)}) "
+                                f"nor a program file in {files_under}")
+            return load_program(str(files_under / self.program))
+        except (ProgramError, LoadError) as e:
+            raise RequestError("program", str(e)) from None
+
+
+def _builtin(name: str) -> Program:
+    if not workloads.is_builtin(name):
+        raise LoadError(f"{name!r} is not a built-in workload ({', '.join(workloads.WORKLOADS)})")
+    try:
+        return workloads.resolve(name)
+    except KeyError as e:
+        raise LoadError(str(e.args[0])) from None
+
+
+def parse_request(data: Any) -> JobRequest:
+    """A JobRequest from parsed JSON, or the RequestError of its first problem."""
+    if not isinstance(data, dict):
+        raise RequestError("body", f"expected a JSON object, got {type(data).__name__}")
+    try:
+        return JobRequest.model_validate(data)
+    except ValidationError as e:
+        raise request_error(e.errors()) from None
+
+
+def request_error(errors: Sequence[Any]) -> RequestError:
+    """The first of Pydantic's (or FastAPI's) validation errors, as a RequestError naming its field."""
+    err = errors[0]
+    if err["type"] == "json_invalid":
+        return RequestError("body", f"not valid JSON ({err.get('ctx', {}).get('error', err['msg'])})")
+    loc = tuple(err["loc"])
+    if loc[:1] in (("body",), ("path",), ("query",)):
+        loc = loc[1:]
+    field = ".".join(str(p) for p in loc) or "body"
+    if err["type"] == "extra_forbidden":
+        return RequestError(field, "unknown field")
+    if err["type"] == "missing":
+        return RequestError(field, "required field missing")
+    return RequestError(field, str(err["msg"]).removeprefix("Value error, "))

@@ -1,0 +1,145 @@
+"""Generated CUDA executed on the CPU: the same source, compiled by g++ against the emulation
+headers in tests/cuda_harness, compared with the float64 reference on fresh random inputs with
+poisoned outputs. Deliberately broken kernels must be caught."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+
+import numpy as np
+import pytest
+from cuda_harness import runner
+from cuda_harness.cases import H100, NAMES, VARIANTS, Case, ci_cases, variant, variant_cases
+
+from superopt import workloads
+from superopt.assignments import enumerate_assignments
+from superopt.codegen import CudaProgram, generate
+from superopt.dtypes import dtype
+from superopt.instantiate import instantiate
+from superopt.program import Program
+from superopt.reference import evaluate, max_rel_err, random_inputs
+
+pytestmark = pytest.mark.skipif(runner.gxx() is None, reason="g++ is not on PATH: the CPU harness needs it")
+
+
+@pytest.fixture(scope="module")
+def cases() -> dict[str, list[Case]]:
+    built = {name: ci_cases(name) for name in NAMES} | {name: variant_cases(name) for name in VARIANTS}
+    runner.compile_all([prog for progs in built.values() for _, _, prog in progs])
+    return built
+
+
+def run_error(program: Program, prog: CudaProgram, seed: int = 7) -> float:
+    inputs = random_inputs(program, seed)
+    outs = runner.run(prog, inputs)
+    return max(max_rel_err(o, r) for o, r in zip(outs, evaluate(program, inputs), strict=True))
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_reference_kernels_match_float64_reference(cases, name):
+    for program, params, prog in cases[name]:
+        err = run_error(program, prog)
+        assert err <= dtype(program.dtype).tolerance, (name, params, err)
+
+
+@pytest.mark.parametrize("name", list(VARIANTS))
+def test_tensor_core_and_dtype_variants(cases, name):
+    used_wmma = False
+    for program, params, prog in cases[name]:
+        used_wmma |= any(ln.wmma for ln in prog.launches)
+        err = run_error(program, prog)
+        assert err <= dtype(program.dtype).tolerance, (name, params, err)
+    assert used_wmma == ("wmma" in name)
+
+
+def test_every_element_written_and_inputs_fresh(cases):
+    """Two seeds give different outputs (no stale state), and no NaN survives (every output
+    element was written over the poison)."""
+    program, _, prog = cases["gqa"][0]
+    a = runner.run(prog, random_inputs(program, 1))[0]
+    b = runner.run(prog, random_inputs(program, 2))[0]
+    assert np.all(np.isfinite(a)) and np.all(np.isfinite(b)) and not np.allclose(a, b)
+
+
+# -- deliberately broken kernels --------------------------------------------------------------
+
+
+def _sub(pattern: str, repl: str, count: int = 1) -> Callable[[str], str]:
+    def mutate(source: str) -> str:
+        new, n = re.subn(pattern, repl, source, count=count)
+        assert n == count, f"mutation pattern {pattern!r} not found"
+        return new
+
+    return mutate
+
+
+def _drop_first_barrier_in_loop(source: str) -> str:
+    head, sep, loop = source.partition("for (int it_f = 0;")
+    assert sep
+    return head + sep + loop.replace("    __syncthreads();\n", "", 1)
+
+
+# (case, params, mutation, what it breaks)
+BROKEN = {
+    "missing barrier after the tile loads": ("gated_mlp", {"F": 2, "gx": 3}, _drop_first_barrier_in_loop),
+    "input tile off by one block": (
+        "rmsnorm_matmul", {"F": 2, "gx": 2}, _sub(r"const int base = blk_x \* 24 \+ it_f \* 1536;",
+                                                  "const int base = (blk_x + 1) * 24 + it_f * 1536;")),
+    "loop walks the wrong tile": (
+        "rmsnorm_mlp", {"F": 4, "gx": 3}, _sub(r"const int base = it_f \* 16;", "const int base = (it_f ^ 1) * 16;")),
+    "wrong output map": (
+        "gqa", {"F": 1, "gx": 2, "gy": 2, "gz": 2, "hx": 1, "hy": 1},
+        _sub(r"const int base = blk_x \* 256 \+ blk_y \* 128 \+ blk_z \* 16;",
+             "const int base = blk_x * 256 + blk_z * 128 + blk_y * 16;")),
+    "accumulator never zeroed": ("lora", {"F": 2, "gx": 2}, _sub(r"t_acc4\[i\] = 0\.0f;", ";")),
+    "reduction over half the lanes": (
+        "ntrans", {"gx": 1}, _sub(r"so_group_sum<(\d+)>\(ss\)", r"so_group_sum<\1 / 2>(ss)", count=2)),
+    "missing barrier before a tensor-core matmul": ("gqa-wmma-batched", None, _drop_first_barrier_in_loop),
+    "last output element of every tile never written": (
+        "gated_mlp", {"F": 2, "gx": 3}, _sub(r"i < 64; i \+= 128\) \{\n      const int c0 = i / 16;",
+                                              "i < 63; i += 128) {\n      const int c0 = i / 16;")),
+    "concat puts the loop's tiles in mirrored slots": (
+        "concat-accumulator", {"gx": 2, "F": 4}, _sub(r"\+ it_f \* 16\] = ", "+ (3 - it_f) * 16] = ")),
+    "store converts the wrong accumulator": (
+        "gated_mlp", {"F": 1, "gx": 1}, _sub(r"so_silu\(so_f\(t_acc2\[i\]\)\)", "so_silu(so_f(t_acc4[i]))")),
+}
+
+
+def _broken_program(case: str, params: dict[str, int] | None) -> tuple[Program, CudaProgram]:
+    if case in VARIANTS:
+        program, sg = variant(case)
+        params = params or next(enumerate_assignments(sg, H100))
+    else:
+        program, sg = workloads.reference_for(f"{case}:ci")
+    assert params is not None
+    return program, generate(instantiate(sg, params, H100))
+
+
+@pytest.mark.parametrize("what", list(BROKEN))
+def test_broken_kernels_are_caught(what):
+    case, params, mutate = BROKEN[what]
+    program, prog = _broken_program(case, params)
+    assert run_error(program, prog) <= dtype(program.dtype).tolerance  # intact, it passes
+    broken = CudaProgram(mutate(prog.source), prog.steps, prog.tensors, prog.inputs, prog.outputs, prog.params)
+    try:
+        err = run_error(program, broken)
+    except runner.HarnessError:
+        return  # crashed, deadlocked or wrote out of bounds: caught
+    assert not err <= dtype(program.dtype).tolerance, f"{what}: error {err} passed"
+
+
+def test_divergent_barrier_is_a_deadlock():
+    program, prog = _broken_program("ntrans", {"gx": 1})
+    src = prog.source.replace("    __syncthreads();\n", "    if (tid < 64) __syncthreads();\n", 1)
+    with pytest.raises(runner.HarnessError, match="deadlock"):
+        runner.run(CudaProgram(src, prog.steps, prog.tensors, prog.inputs, prog.outputs), random_inputs(program, 0))
+
+
+def test_misaligned_vector_copy_is_reported():
+    program, prog = _broken_program("gated_mlp", {"F": 1, "gx": 1})
+    src = prog.source.replace("reinterpret_cast<const uint4*>(g_X + base + v * 8)",
+                              "reinterpret_cast<const uint4*>(g_X + base + v * 8 + 1)", 1)
+    assert src != prog.source
+    with pytest.raises(runner.HarnessError, match="misaligned"):
+        runner.run(CudaProgram(src, prog.steps, prog.tensors, prog.inputs, prog.outputs), random_inputs(program, 0))

@@ -1,0 +1,96 @@
+"""The job and cache commands: submit, worker, status, watch, cancel, cache ls/show/export/invalidate."""
+
+from __future__ import annotations
+
+import json
+import threading
+
+from db_fixtures import slow_optimize
+from typer.testing import CliRunner
+
+from superopt.cli import app
+from superopt.db.engine import open_database
+from superopt.db.jobs import JobQueue
+from superopt.result import Result
+from superopt.worker import Worker
+
+runner = CliRunner()
+
+
+def invoke(db: str, *args: str):
+    return runner.invoke(app, [*args, "--db", db])
+
+
+def test_submit_work_and_query(tmp_path):
+    db = str(tmp_path / "superopt.db")
+    res = invoke(db, "submit", "gqa:ci", "--target", "h100", "--budget-s", "20", "--json")
+    assert res.exit_code == 0, res.output
+    job = json.loads(res.stdout)
+    assert job["state"] == "queued" and job["budget_s"] == 20 and job["target"] == "h100"
+    res = invoke(db, "worker", "--once", "--optimizer", "db_fixtures:optimize")
+    assert res.exit_code == 0, res.output
+    assert f"job {job['id']} succeeded:" in res.stdout and "1 job(s), queue empty" in res.stderr
+    status = json.loads(invoke(db, "status", str(job["id"]), "--json").stdout)
+    assert status["state"] == "succeeded" and status["result"]["cached"]
+    kernel_id = status["result"]["kernel_id"]
+    assert "speedup" in invoke(db, "status", str(job["id"])).stdout
+    res = invoke(db, "submit", "gqa:ci", "--target", "h100")
+    assert res.stdout.strip() == f"job {job['id'] + 1} succeeded from the cache (kernel {kernel_id})"
+
+    entries = json.loads(invoke(db, "cache", "ls", "--json").stdout)
+    assert [e["kernel_id"] for e in entries] == [kernel_id] and entries[0]["target"] == "h100"
+    assert "gqa:ci" in invoke(db, "cache", "ls", "--target", "h100").stdout
+    assert json.loads(invoke(db, "cache", "ls", "--target", "a100", "--json").stdout) == []
+    shown = invoke(db, "cache", "show", str(kernel_id))
+    assert shown.exit_code == 0 and "cached winner" in shown.stdout and "graph-defined" in shown.stdout
+    assert json.loads(invoke(db, "cache", "show", str(kernel_id), "--json").stdout)["verdict"]["proved"]
+    out = tmp_path / "report.json"
+    assert invoke(db, "cache", "export", str(kernel_id), "--out", str(out)).exit_code == 0
+    assert Result.from_report(json.loads(out.read_text())).cache_hit
+    res = invoke(db, "cache", "invalidate")
+    assert res.exit_code == 2 and "name a kernel id, --hash, --target or --all" in res.stderr
+    assert invoke(db, "cache", "invalidate", "--all").stdout.strip() == "invalidated 1 cached winner(s)"
+    assert json.loads(invoke(db, "cache", "ls", "--json").stdout) == []
+
+
+def test_user_errors_are_one_line_and_exit_2(tmp_path):
+    db = str(tmp_path / "superopt.db")
+    cases = [
+        (["submit", "nope"], "neither a built-in workload"),
+        (["submit", "gqa:ci", "--target", "tpu"], "target: unknown target 'tpu'"),
+        (["submit", "gqa:ci", "--budget-s", "-1"], "budget_s: Input should be greater than 0"),
+        (["status", "42"], "no job 42"),
+        (["watch", "42"], "no job 42"),
+        (["cancel", "42"], "no job 42"),
+        (["cache", "show", "42"], "no kernel 42"),
+        (["cache", "export", "42"], "kernel 42 is not a cached winner"),
+        (["worker", "--once", "--optimizer", "nowhere:optimize"], "optimizer: cannot load 'nowhere:optimize'"),
+    ]
+    for args, message in cases:
+        res = invoke(db, *args)
+        assert res.exit_code == 2 and message in res.stderr and "Traceback" not in res.output, (args, res.output)
+    res = runner.invoke(app, ["status", "1", "--db", "mysql://u@h/d"])
+    assert res.exit_code == 2 and "unsupported database 'mysql'" in res.stderr
+    res = runner.invoke(app, ["status", "1", "--db", "postgresql://u:secret@127.0.0.1:9/d?connect_timeout=2"])
+    assert res.exit_code == 2 and "cannot open database" in res.stderr and "secret" not in res.stderr
+
+
+def test_watch_follows_a_running_job_and_cancel_stops_one(tmp_path, monkeypatch):
+    monkeypatch.setenv("SUPEROPT_TEST_DELAY_S", "0.8")
+    db = str(tmp_path / "superopt.db")
+    job_id = json.loads(invoke(db, "submit", "lora:ci", "--json").stdout)["id"]
+    database = open_database(db)
+    worker = threading.Thread(target=Worker(database, optimize=slow_optimize, lease_s=2).run_one)
+    worker.start()
+    res = invoke(db, "watch", str(job_id), "--interval", "0.1")
+    worker.join()
+    assert res.exit_code == 0, res.output
+    assert f"job {job_id} succeeded:" in res.stdout and "states / pruned / verified" in res.stdout
+    queued = json.loads(invoke(db, "submit", "ntrans:ci", "--json").stdout)["id"]
+    assert invoke(db, "cancel", str(queued)).stdout.strip() == f"job {queued} cancelled"
+    res = invoke(db, "watch", str(queued))
+    assert res.exit_code == 1 and f"job {queued} cancelled" in res.stdout
+    res = invoke(db, "cancel", str(queued))
+    assert res.exit_code == 2 and "already finished (cancelled)" in res.stderr
+    assert JobQueue(database).get(queued).state.value == "cancelled"
+    database.close()

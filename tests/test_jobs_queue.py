@@ -1,0 +1,262 @@
+"""The job queue and workers on SQLite and PostgreSQL: states, leases, cancellation, cache hits,
+a worker killed mid-job, and 4 submitting processes with 2 workers."""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+
+import pytest
+from db_fixtures import BACKENDS, cli_env, database_url, failing_optimize, optimize, slow_optimize, superopt_process
+from sqlalchemy import func, select
+
+from superopt import workloads
+from superopt.config import SearchConfig
+from superopt.db.engine import open_database
+from superopt.db.errors import Conflict, NotFound
+from superopt.db.jobs import JobQueue, JobView
+from superopt.db.models import Candidate, Job, JobState, Winner
+from superopt.worker import Worker, resolve_fingerprint
+
+
+@pytest.fixture(params=BACKENDS)
+def url(request, tmp_path):
+    with database_url(request.param, tmp_path) as u:
+        yield u
+
+
+@pytest.fixture
+def db(url):
+    database = open_database(url)
+    yield database
+    database.close()
+
+
+def count(db, model, *where) -> int:
+    with db.read() as s:
+        return s.scalar(select(func.count()).select_from(model).where(*where))
+
+
+def wait_for(predicate, timeout: float = 30.0, what: str = "condition"):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def run_one(worker: Worker) -> JobView:
+    view = worker.run_one()
+    assert view is not None, "no job was claimed"
+    return view
+
+
+def test_job_lifecycle_and_fencing(db):
+    queue = JobQueue(db, lease_s=30)
+    job = queue.submit(workloads.resolve("lora:ci"), target="h100", budget_s=5, config=SearchConfig(max_kernel_ops=4))
+    assert job.state is JobState.queued and job.attempts == 0 and job.result is None
+    claim = queue.claim("w1")
+    assert claim is not None and claim.job_id == job.id and claim.attempt == 1
+    assert claim.budget_s == 5 and claim.config == SearchConfig(max_kernel_ops=4) and claim.program.name == "lora:ci"
+    assert queue.claim("w2") is None  # nothing else queued
+    assert queue.heartbeat(claim, {"states": 3, "pruned": 1, "verified": 0, "best_time_us": float("inf"), "phase": "x"})
+    view = queue.get(job.id)
+    assert view.state is JobState.running and view.worker_id == "w1"
+    assert view.progress == {"states": 3, "pruned": 1, "verified": 0, "best_time_us": None, "phase": "x"}
+    done = queue.finish(claim, optimize(claim.program, target="h100"))
+    assert done is not None and done.state is JobState.succeeded and done.finished_at is not None
+    assert done.result["cached"] and done.result["kernel_id"] and done.progress["phase"] == "done"
+    # the claim is spent: a second finish, a heartbeat or a failure changes nothing
+    assert queue.finish(claim, optimize(claim.program, target="h100")) is None
+    assert not queue.heartbeat(claim) and queue.fail(claim, "late") is None
+    assert count(db, Winner) == 1 and count(db, Candidate) == 2
+    with pytest.raises(Conflict, match="already finished"):
+        queue.cancel(job.id)
+    with pytest.raises(NotFound, match="no job 999"):
+        queue.get(999)
+
+
+def test_expired_lease_requeues_and_the_old_claim_is_fenced_off(db):
+    queue = JobQueue(db, lease_s=0.2)
+    job = queue.submit(workloads.resolve("ntrans:ci"), target="h100", max_attempts=2)
+    first = queue.claim("w1")
+    time.sleep(0.3)
+    assert queue.requeue_expired() == 1
+    assert queue.get(job.id).state is JobState.queued
+    second = queue.claim("w2")
+    assert second is not None and second.attempt == 2
+    assert not queue.heartbeat(first)  # w1 woke up late: the job is not its any more
+    assert queue.finish(first, optimize(first.program, target="h100")) is None
+    assert queue.finish(second, optimize(second.program, target="h100")).worker_id == "w2"
+    assert count(db, Candidate) == 2 and count(db, Winner) == 1
+    # a job whose workers keep dying fails after max_attempts
+    doomed = queue.submit(workloads.resolve("gqa:ci"), target="h100", max_attempts=2)
+    for _ in range(2):
+        assert queue.claim("w3").job_id == doomed.id
+        time.sleep(0.3)
+    assert queue.claim("w4") is None  # the expired claim was the last allowed attempt
+    failed = queue.get(doomed.id)
+    assert failed.state is JobState.failed and "gave up after 2 attempts" in failed.error
+
+
+def test_cache_hits_at_submit_and_at_claim_and_force(db):
+    queue = JobQueue(db)
+    worker = Worker(db, optimize=optimize)
+    program = workloads.resolve("gated_mlp:ci")
+    first = queue.submit(program, target="h100")
+    assert run_one(worker).id == first.id
+    hit = queue.submit(program, target="h100")  # a named target: answered at once
+    assert hit.state is JobState.succeeded and hit.cache_hit and hit.attempts == 0
+    assert hit.result["kernel_id"] == queue.get(first.id).result["kernel_id"] and hit.result["source_job"] == first.id
+    forced = queue.submit(program, target="h100", force=True)
+    assert forced.state is JobState.queued
+    searched = run_one(worker)
+    assert searched.id == forced.id and not searched.cache_hit and searched.result["kernel_id"] != hit.result["kernel_id"]
+    assert count(db, Winner) == 1  # the forced search replaced the winner of its key
+    assert count(db, Candidate) == 4
+    # "auto" is resolved by the worker that claims the job (the local GPU, else h100), so the
+    # cache is checked then: the second such job is a hit at claim
+    auto = queue.submit(workloads.resolve("lora:ci"))
+    assert auto.state is JobState.queued and not run_one(worker).cache_hit
+    again = queue.submit(workloads.resolve("lora:ci"))
+    assert again.state is JobState.queued
+    claimed = run_one(worker)
+    assert claimed.id == again.id and claimed.cache_hit and claimed.attempts == 1
+
+
+def test_a_failing_search_fails_its_job_and_the_worker_goes_on(db):
+    queue = JobQueue(db)
+    bad = queue.submit(workloads.resolve("lora:ci"), target="h100")
+    good = queue.submit(workloads.resolve("ntrans:ci"), target="h100")
+    lines: list[str] = []
+    assert Worker(db, optimize=failing_optimize, log=lines.append).run(once=True) == 2
+    view = queue.get(bad.id)
+    assert view.state is JobState.failed and view.error == "ValueError: no candidate found for lora:ci within the bounds"
+    assert queue.get(good.id).state is JobState.failed
+    assert lines[0] == f"job {bad.id} failed: ValueError: no candidate found for lora:ci within the bounds"
+    assert count(db, Candidate) == 0 and count(db, Winner) == 0
+
+
+def test_progress_is_recorded_while_the_search_runs_and_cancelling_stops_it(db, monkeypatch):
+    monkeypatch.setenv("SUPEROPT_TEST_DELAY_S", "60")
+    queue = JobQueue(db)
+    job = queue.submit(workloads.resolve("gqa:ci"), target="h100")
+    worker = Worker(db, optimize=slow_optimize, lease_s=2)
+    ended: list[JobView] = []
+    t = threading.Thread(target=lambda: ended.append(run_one(worker)))
+    t.start()
+    seen = wait_for(lambda: (v := queue.get(job.id)).progress.get("states", 0) > 0 and v, what="progress")
+    assert seen.state is JobState.running and seen.progress["phase"] == "search" and seen.attempts == 1
+    later = wait_for(lambda: (v := queue.get(job.id)).progress["states"] > seen.progress["states"] and v,
+                     what="more progress")
+    assert later.state is JobState.running and later.progress["pruned"] == later.progress["states"] // 2
+    assert queue.cancel(job.id).state is JobState.cancelled
+    t.join(10)
+    assert not t.is_alive(), "the worker did not notice the cancellation"
+    assert ended[0].state is JobState.cancelled
+    assert count(db, Candidate) == 0
+    queued = queue.submit(workloads.resolve("gqa:ci"), target="h100")
+    assert queue.cancel(queued.id).state is JobState.cancelled and queue.claim("w") is None
+
+
+def test_killed_worker_job_is_requeued_and_completed_by_another(url, db):
+    queue = JobQueue(db)
+    job = queue.submit(workloads.resolve("qknorm_gqa:ci"), target="h100")
+    env = cli_env(url, SUPEROPT_TEST_DELAY_S="120")
+    args = ["worker", "--lease-s", "2", "--poll-s", "0.1"]
+    first = superopt_process([*args, "--optimizer", "db_fixtures:slow_optimize"], env)
+    try:
+        wait_for(lambda: queue.get(job.id).progress.get("states", 0) > 0, what="the first worker to be searching")
+    finally:
+        first.send_signal(signal.SIGKILL)
+        first.communicate()
+    assert first.returncode == -signal.SIGKILL
+    held = queue.get(job.id)
+    assert held.state is JobState.running and f":{first.pid}:" in held.worker_id
+    second = superopt_process([*args, "--optimizer", "db_fixtures:optimize"], env)
+    try:
+        done = wait_for(lambda: (v := queue.get(job.id)).state.terminal and v, what="the second worker to finish")
+    finally:
+        second.send_signal(signal.SIGTERM)
+        out, errs = second.communicate(timeout=30)
+    assert second.returncode == 0, errs
+    assert done.state is JobState.succeeded and done.attempts == 2 and f":{second.pid}:" in done.worker_id
+    assert f"job {job.id} succeeded" in out
+    assert count(db, Winner) == 1
+    assert count(db, Candidate) == 2  # only the second worker's search was stored
+
+
+SUBMITTER = """
+import json, sys
+from superopt import workloads
+from superopt.db.engine import open_database
+from superopt.db.jobs import JobQueue, JobView
+specs = ["ntrans:ci", "lora:ci", "rmsnorm_matmul:ci", "gated_mlp:ci"]
+targets = ["h100", "a100", "auto"]
+queue = JobQueue(open_database())
+ids = []
+for n in range(10 * int(sys.argv[1]), 10 * int(sys.argv[1]) + 10):
+    ids.append(queue.submit(workloads.resolve(specs[n % 4]), target=targets[n % 3], force=n % 5 == 0).id)
+print(json.dumps(ids))
+"""
+
+
+def test_four_submitters_and_two_workers_run_forty_jobs_exactly_once(url):
+    env = cli_env(url)
+    workers = [
+        superopt_process(["worker", "--poll-s", "0.1", "--optimizer", "db_fixtures:optimize"], env) for _ in range(2)
+    ]
+    submitters = [
+        subprocess.Popen([sys.executable, "-c", SUBMITTER, str(i)], env=env, text=True, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE)
+        for i in range(4)
+    ]
+    ids: list[int] = []
+    for p in submitters:
+        out, errs = p.communicate(timeout=120)
+        assert p.returncode == 0, errs
+        ids += json.loads(out)
+    assert len(set(ids)) == 40
+    db = open_database(url)
+    queue = JobQueue(db)
+    try:
+        wait_for(lambda: all(v.state.terminal for v in queue.get_many(ids)), timeout=120, what="all 40 jobs")
+    finally:
+        logs = []
+        for w in workers:
+            w.send_signal(signal.SIGTERM)
+            out, errs = w.communicate(timeout=30)
+            assert w.returncode == 0, errs
+            logs.append(out)
+    views = queue.get_many(ids)
+    assert [v.state for v in views] == [JobState.succeeded] * 40
+    assert count(db, Job) == 40
+    # every job was finished once: by a worker (one log line) or at submission (a cache hit, no attempt)
+    finished_by_workers = Counter(int(m) for log in logs for m in re.findall(r"^job (\d+) ", log, re.M))
+    at_submit = {v.id for v in views if v.attempts == 0}
+    assert all(n == 1 for n in finished_by_workers.values())
+    assert set(finished_by_workers) | at_submit == set(ids) and not set(finished_by_workers) & at_submit
+    assert all(v.attempts <= 1 for v in views)
+    assert all(v.cache_hit for v in views if v.id in at_submit)
+    searched = [v for v in views if not v.cache_hit]
+    # each search stored its two candidates; cache hits stored none
+    with db.read() as s:
+        per_job = Counter(s.scalars(select(Candidate.job_id)))
+    assert per_job == Counter({v.id: 2 for v in searched})
+    assert sum(1 for v in views if v.force) == 8 and all(not v.cache_hit for v in views if v.force)
+    # one winner per key: program and target as the workers resolved it ("auto": h100 without a GPU)
+    keys = {(v.program_hash, resolve_fingerprint(v.target)) for v in views}
+    with db.read() as s:
+        winners = s.scalars(select(Winner)).all()
+        assert len(winners) == len(keys) >= 8
+        assert {w.job_id for w in winners} <= {v.id for v in searched}
+    assert all(not v.error for v in views)
+    db.close()
