@@ -22,14 +22,14 @@ from sqlalchemy.engine import URL, make_url
 from sqlalchemy.orm import Session, sessionmaker
 
 from superopt.db.errors import StoreError
+from superopt.paths import cache_dir
 
 ENV_URL = "SUPEROPT_DB_URL"
 BUSY_TIMEOUT_MS = 30_000
 
 
 def default_path() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "superopt" / "superopt.db"
+    return cache_dir() / "superopt.db"
 
 
 def resolve_url(url: str | None = None) -> URL:

@@ -88,6 +88,8 @@ class Tile:
     ae: AE
     pdims: tuple[int, ...]  # program dim class of each dim (fixed: only equal classes unify)
     tensor: int = -1  # for inputs: the kernel tensor index
+    aid: int = -1  # the expression's interned id (cheap to hash and compare)
+    gathers: bool = False  # an accumulator of an unreduced non-input tile (see _gathers)
     consts: tuple[tuple[int, float], ...] = ()  # constant operands: (position, value)
 
 
@@ -123,7 +125,10 @@ class Generator:
     def __post_init__(self) -> None:
         self._rank = {op: i for i, op in enumerate((*self.space.block_ops, "acc"))}
         self._memo: dict[tuple[Any, ...], AV | None] = {}
-        self._post_memo: dict[tuple[Any, ...], list[tuple[Any, ...]]] = {}
+        self._post_memo: dict[tuple[Any, ...], tuple[int, list[tuple[Any, ...]]]] = {}
+        self._ids: dict[AE, int] = {}
+        self._exprs: list[AE] = []
+        self._subterms: dict[tuple[int, int], bool] = {}
         self._binary_ops = [op for op in self.space.block_ops if op in ops.BINARY or op == "matmul"]
 
     # -- start and moves -------------------------------------------------------------------------
@@ -140,7 +145,7 @@ class Generator:
                     classes, c = classes.add(size, pc)
                     dims.append(c)
             pdims = tuple(UNIT if d == UNIT else pc for d, pc in zip(dims, spec.classes, strict=True))
-            tiles.append(Tile("input", (), (), 0, tuple(dims), spec.ae, pdims, spec.tensor))
+            tiles.append(Tile("input", (), (), 0, tuple(dims), spec.ae, pdims, spec.tensor, self._intern(spec.ae)))
             if spec.tied_dim is not None:
                 tied.append((n, spec.tied_dim))
         return BlockState(tuple(tiles), classes, frozenset(), 0, (), tuple(tied))
@@ -152,19 +157,33 @@ class Generator:
         graphs over those accumulators. Any block graph can be ordered body, accumulators, post,
         so nothing is lost; and the post-loop graphs depend only on the accumulators, so they are
         computed once per distinct set of accumulators and replayed. `max_ops` bounds the compute
-        ops (body and post-loop together)."""
+        ops (body and post-loop together).
+
+        Two loop bodies that accumulate the same values (equal accumulator signatures) complete
+        into the same post-loop graphs; breadth-first order meets the one with fewer ops first,
+        and only that one is kept (the other computes the same accumulators with more work)."""
+        seen: set[tuple[Any, ...]] = set()
         for body in self._phase(start, 0, self.max_ops):
             sinks = [k for k in range(len(body.tiles)) if k not in body.used]
             if not sinks or len(sinks) > MAX_ACCUMULATORS:
                 continue
-            read = [k for k in range(len(body.tiles)) if k in body.used]
+            # Besides the sinks, a tile the body also reads may be accumulated when it holds a
+            # reduction (gathering an unreduced one after the loop adds nothing).
+            read = [k for k in range(len(body.tiles)) if k in body.used and _reduces(body.tiles[k].ae)]
             for extra in range(MAX_ACCUMULATORS - len(sinks) + 1):
                 for more in combinations(read, extra):
                     state: BlockState | None = replace(body, last_key=())
                     for k in sorted((*sinks, *more)):
                         state = next(self._try(state, "acc", (k,), ()), None) if state else None
-                    if state is not None:
-                        yield from self._posts(replace(state, last_key=()))
+                    if state is None:
+                        continue
+                    first = next(k for k, t in enumerate(state.tiles) if t.phase == 1)
+                    signature = _signature(state, first)
+                    if signature in seen:
+                        self.pruned += 1
+                        continue
+                    seen.add(signature)
+                    yield from self._posts(replace(state, last_key=()))
 
     def _phase(self, start: BlockState, phase: int, budget: int) -> Iterator[BlockState]:
         """States reachable from `start` by ops of one phase, breadth-first by op count."""
@@ -180,17 +199,22 @@ class Generator:
             frontier = level
 
     def _posts(self, accs: BlockState) -> Iterator[BlockState]:
-        """Complete post-loop graphs over these accumulators, memoized by their signature."""
+        """Complete post-loop graphs over these accumulators, memoized by their signature. Bodies
+        come in increasing op count, so the first request for a signature has the most room left;
+        later ones replay the recipes that fit their own room."""
         first = next(k for k, t in enumerate(accs.tiles) if t.phase == 1)
-        key = (self.max_ops - accs.nops, _signature(accs, first))
-        recipes = self._post_memo.get(key)
-        if recipes is None:
+        key = _signature(accs, first)
+        room = self.max_ops - accs.nops
+        computed, recipes = self._post_memo.get(key, (-1, []))
+        if room > computed:
             recipes = []
-            for s in self._phase(accs, 1, self.max_ops):
+            for s in self._phase(replace(accs, nops=0), 1, room):
                 if self.complete(s):
                     recipes.append(tuple(_recipe(t, first) for t in s.tiles[len(accs.tiles):]))
-            self._post_memo[key] = recipes
+            self._post_memo[key] = (room, recipes)
         for recipe in recipes:
+            if sum(1 for step in recipe if step[0] != "acc") > room:
+                continue
             state: BlockState | None = accs
             for op, args, attrs, consts in recipe:
                 if state is not None:
@@ -253,27 +277,29 @@ class Generator:
         if key <= s.last_key:
             return
         tiles = [s.tiles[a] for a in args]
-        phase = 1 if op == "acc" else tiles[0].phase
-        if phase == 1 and op != "acc" and any(t.op == "acc" and _gathers(s.tiles[t.args[0]]) for t in tiles):
-            return  # computing on a gathered (unreduced) tile after the loop repeats the in-loop variant
         abstract = self._ae(op, tiles, attrs, consts)
         if abstract is None:
             self.pruned += 1
             return
+        phase = 1 if op == "acc" else tiles[0].phase
+        if phase == 1 and op != "acc" and any(t.gathers for t in tiles):
+            return  # computing on a gathered (unreduced) tile after the loop repeats the in-loop variant
         ae, pdims = abstract
+        aid = self._intern(ae)
         shaped = self._dims(s.classes, op, tiles, dict(attrs), bool(consts))
         if shaped is None:
             return
         classes, dims = shaped
         roots = tuple(classes.find(d) for d in dims)
         for other in s.tiles:
-            if other.phase == phase and other.ae == ae and tuple(classes.find(d) for d in other.dims) == roots:
+            if other.phase == phase and other.aid == aid and tuple(classes.find(d) for d in other.dims) == roots:
                 self.pruned += 1
                 return  # recomputes an existing tile
-        if op != "acc" and _recomputes(s, args, ae, phase):
+        if op != "acc" and self._recomputes(s, args, aid, phase):
             self.pruned += 1
             return
-        tile = Tile(op, args, attrs, phase, dims, ae, pdims, consts=consts)
+        gathers = op == "acc" and _gathers(tiles[0])
+        tile = Tile(op, args, attrs, phase, dims, ae, pdims, consts=consts, aid=aid, gathers=gathers)
         left = s.nops + (op != "acc")
         # Tiles nothing reads must be accumulated (body, at most MAX_ACCUMULATORS) or written
         # (post-loop, at most MAX_OUTPUTS); each further op lowers their number by at most one.
@@ -319,6 +345,39 @@ class Generator:
             out.append(x)
         return None if cl is None else (cl, tuple(reversed(out)))
 
+    def _intern(self, e: AE) -> int:
+        aid = self._ids.get(e)
+        if aid is None:
+            aid = self._ids[e] = len(self._exprs)
+            self._exprs.append(e)
+        return aid
+
+    def _recomputes(self, s: BlockState, args: tuple[int, ...], aid: int, phase: int) -> bool:
+        """Would a new tile (reading `args`, of expression `aid`) recompute a value the block
+        already has? Either an existing tile of its phase already contains the expression (the new
+        one repeats part of it), or it contains an existing tile's expression without being built
+        from that tile. A schedule that reuses the value instead is generated too."""
+        ancestors = set(args)
+        stack = list(args)
+        while stack:
+            for a in s.tiles[stack.pop()].args:
+                if a not in ancestors:
+                    ancestors.add(a)
+                    stack.append(a)
+        for k, t in enumerate(s.tiles):
+            if t.phase != phase or t.op == "input" or k in ancestors:
+                continue
+            if self._inside(aid, t.aid) or self._inside(t.aid, aid):
+                return True
+        return False
+
+    def _inside(self, small: int, big: int) -> bool:
+        key = (small, big)
+        hit = self._subterms.get(key)
+        if hit is None:
+            hit = self._subterms[key] = _subterm(self._exprs[small], self._exprs[big])
+        return hit
+
     def _ae(
         self, op: str, tiles: list[Tile], attrs: tuple[tuple[str, Any], ...], consts: tuple[tuple[int, float], ...],
     ) -> AV | None:
@@ -327,9 +386,10 @@ class Generator:
         sums over the dim its loop walks is that same sum."""
         if op == "acc":
             return tiles[0].ae, tiles[0].pdims
-        key = (op, attrs, consts, tuple((t.ae, t.pdims) for t in tiles))
-        if key in self._memo:
-            return self._memo[key]
+        key = (op, attrs, consts, *[(t.aid, t.pdims) for t in tiles])
+        hit = self._memo.get(key, _MISSING)
+        if hit is not _MISSING:
+            return hit  # type: ignore[return-value]
         args: list[AV] = [(t.ae, t.pdims) for t in tiles]
         for pos, _ in consts:
             args.insert(pos, self.alg.const(0.0))
@@ -360,7 +420,7 @@ def _signature(s: BlockState, first: int) -> tuple[Any, ...]:
         for d in t.dims:
             root = s.classes.find(d)
             dims.append(UNIT if root == UNIT else (renumber.setdefault(root, len(renumber)), s.classes.size[root]))
-        out.append((t.ae, t.pdims, tuple(dims), _gathers(s.tiles[t.args[0]])))
+        out.append((t.aid, t.pdims, tuple(dims), t.gathers))
     return tuple(out)
 
 
@@ -368,29 +428,12 @@ def _recipe(t: Tile, first: int) -> tuple[Any, ...]:
     return (t.op, tuple(a - first for a in t.args), t.attrs, t.consts)
 
 
-def _recomputes(s: BlockState, args: tuple[int, ...], ae: AE, phase: int) -> bool:
-    """Would a new tile (reading `args`, of expression `ae`) recompute a value the block already
-    has? Either an existing tile of its phase already contains `ae` (the new one repeats part of
-    it), or `ae` contains an existing tile's expression without being built from that tile. A
-    schedule that reuses the value instead is generated too, so nothing is lost."""
-    ancestors = set(args)
-    stack = list(args)
-    while stack:
-        for a in s.tiles[stack.pop()].args:
-            if a not in ancestors:
-                ancestors.add(a)
-                stack.append(a)
-    for k, t in enumerate(s.tiles):
-        if t.phase != phase or t.op == "input" or k in ancestors:
-            continue
-        if _subterm(ae, t.ae) or _subterm(t.ae, ae):
-            return True
-    return False
-
-
 def _subterm(small: AE, big: AE) -> bool:
     """Is `small` a proper subterm of `big`?"""
     return any(isinstance(k, tuple) and (k == small or _subterm(small, k)) for k in big[1:])
+
+
+_MISSING = object()
 
 
 def _gathers(t: Tile) -> bool:
@@ -479,9 +522,36 @@ def resolve(
             for par in grid_sets:
                 if not par and not partial:
                     continue
-                res = _tiling(s, inputs, tensor_ids, kid, index, par, partial, loop, tie, root_dims, outs)
+                letters = "xyz"
+                axes = [Axis(f"g{letters[i]}{index}", Size.sym(f"g{letters[i]}{index}"), frozenset({c}), c in partial)
+                        for i, c in enumerate((*par, *partial))]
+                res = _tiling(s, inputs, tensor_ids, kid, index, axes, loop, None, tie, root_dims, outs)
                 if res is not None:
                     yield res
+
+
+def resolve_fixed(
+    s: BlockState, inputs: Sequence[InputSpec], tensor_ids: Sequence[str], kid: str, index: int,
+    axes: Sequence[tuple[int, int]], loop: tuple[frozenset[int], int],
+) -> Resolved | None:
+    """The one tiling that concrete (Mirage-style) search fixed before generating the block graph:
+    each grid axis (program dim class, size) and the loop (program dim classes, range)."""
+    cl = s.classes
+    outs = [k for k, t in enumerate(s.tiles) if t.phase == 1 and not _consumed(s, k)]
+    root_dims = [tuple(cl.find(d) for d in t.dims) for t in s.tiles]
+    roots = {r for dims in root_dims for r in dims if r != UNIT}
+
+    def block_classes(program_classes: frozenset[int]) -> frozenset[int]:
+        return frozenset(r for r in roots if cl.program[r] in program_classes)
+
+    in_all_outputs = set.intersection(*(set(root_dims[o]) - {UNIT} for o in outs))
+    letters = "xyz"
+    fixed = []
+    for i, (pc, size) in enumerate(axes):
+        classes = block_classes(frozenset({pc}))
+        fixed.append(Axis(f"g{letters[i]}{index}", Size.const(size), classes, not (classes & in_all_outputs)))
+    loop_classes = block_classes(loop[0])
+    return _tiling(s, inputs, tensor_ids, kid, index, fixed, loop_classes, loop[1], None, root_dims, outs)
 
 
 def _consumed(s: BlockState, k: int) -> bool:
@@ -490,14 +560,11 @@ def _consumed(s: BlockState, k: int) -> bool:
 
 def _tiling(
     s: BlockState, inputs: Sequence[InputSpec], tensor_ids: Sequence[str], kid: str, index: int,
-    par: tuple[int, ...], partial: tuple[int, ...], loop: frozenset[int], tie: tuple[str, Size] | None,
+    axes: list[Axis], loop: frozenset[int], loop_size: int | None, tie: tuple[str, Size] | None,
     root_dims: list[tuple[int, ...]], outs: list[int],
 ) -> Resolved | None:
-    letters = "xyz"
-    axes = [Axis(f"g{letters[i]}{index}", Size.sym(f"g{letters[i]}{index}"), frozenset({c})) for i, c in enumerate(par)]
-    for c in partial:
-        i = len(axes)
-        axes.append(Axis(f"g{letters[i]}{index}", Size.sym(f"g{letters[i]}{index}"), frozenset({c}), partial=True))
+    """Build the graph kernel for one choice of grid axes and loop, if the linearity analysis
+    allows it. `loop_size` is the concrete loop range, or None for a symbol."""
     grid_status = [_statuses(s, ax.classes, root_dims, None, is_loop=False) for ax in axes]
     if tie is not None:
         loop_status = _statuses(s, frozenset(), root_dims, set(s.tied), is_loop=True)
@@ -583,8 +650,8 @@ def _tiling(
                 return None
         omaps.append(omap)
         chunks.append(chunk)
-    return _build(s, inputs, tensor_ids, kid, axes, tie, loop if tie is None else None, imaps, fmaps, acc_kind,
-                  outs, omaps, chunks, index, loop_status)
+    return _build(s, inputs, tensor_ids, kid, axes, tie, loop if tie is None else None, loop_size, imaps, fmaps,
+                  acc_kind, outs, omaps, chunks, index)
 
 
 def _statuses(
@@ -674,14 +741,14 @@ def _status(t: Tile, a: list[str], root_dims: list[tuple[int, ...]], axis: froze
 
 def _build(
     s: BlockState, inputs: Sequence[InputSpec], tensor_ids: Sequence[str], kid: str, axes: list[Axis],
-    tie: tuple[str, Size] | None, loop: frozenset[int] | None, imaps: list[list[int | None]], fmaps: list[int | None],
-    acc_kind: dict[int, tuple[str, int | None]], outs: list[int], omaps: list[list[int]], chunks: list[Chunk | None],
-    index: int, loop_status: list[str] | None,
+    tie: tuple[str, Size] | None, loop: frozenset[int] | None, loop_size: int | None,
+    imaps: list[list[int | None]], fmaps: list[int | None], acc_kind: dict[int, tuple[str, int | None]],
+    outs: list[int], omaps: list[list[int]], chunks: list[Chunk | None], index: int,
 ) -> Resolved:
     if tie is not None:
         loop_axis: tuple[str, Size | int] = (tie[0], tie[1])
     elif loop:
-        loop_axis = (f"F{index}", Size.sym(f"F{index}"))
+        loop_axis = (f"F{index}", Size.sym(f"F{index}") if loop_size is None else loop_size)
     else:
         loop_axis = (f"F{index}", 1)
     kb = BlockBuilder(kid, [(ax.name, ax.size) for ax in axes], loop_axis)

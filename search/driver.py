@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from superopt import costmodel
 from superopt.assignments import first_assignment
 from superopt.build import unfused_baseline
 from superopt.config import SearchConfig
@@ -104,7 +105,15 @@ def run_search(
             last[0] = now
             report("search", ks)
 
-    ks = KernelSearch(program, space, oracle, config, deadline=deadline, max_states=max_states, on_state=tick)
+    # Any schedule of d kernels pays d launches on top of the program's physical floor: once the
+    # best verified schedule is at least that fast, deeper kernel graphs cannot win.
+    floor_s = costmodel.floor(program, target).time_s
+
+    def deepen(depth: int) -> bool:
+        return not best_us or min(best_us) * 1e-6 > floor_s + depth * target.launch_overhead_s
+
+    ks = KernelSearch(program, space, oracle, config, deadline=deadline, max_states=max_states, on_state=tick,
+                      deepen=deepen)
     seen: set[str] = set()
     try:
         for cand in ks.candidates():

@@ -28,9 +28,9 @@ from superopt.config import SearchConfig
 from superopt.dimclasses import input_classes
 from superopt.primitives import apply
 from superopt.program import Program
-from superopt.search.block import BlockState, Chunk, Generator, InputSpec, resolve
+from superopt.search.block import BlockState, Chunk, Generator, InputSpec, resolve, resolve_fixed
 from superopt.search.space import Space
-from superopt.sgraph import GraphKernel, Kernel, LibraryKernel, SGraph, SGraphError, TensorDecl
+from superopt.sgraph import GraphKernel, Kernel, LibraryKernel, SGraph, SGraphError, TensorDecl, analyze
 from superopt.sizes import Size
 from superopt.verifier.oracle import AE, AbstractAlgebra, Oracle, abstract_program
 
@@ -71,6 +71,7 @@ class KernelSearch:
     pruned: int = 0
     block_cache: dict[tuple[Any, ...], _Lazy] = field(default_factory=dict)
     on_state: Callable[[KernelSearch], None] | None = None
+    deepen: Callable[[int], bool] | None = None
     _gen: Generator | None = None
 
     def __post_init__(self) -> None:
@@ -115,8 +116,11 @@ class KernelSearch:
 
     def candidates(self) -> Iterator[SGraph]:
         """Every candidate sGraph, fewest kernels first (iterative deepening over the kernel count:
-        one-kernel answers come before any deeper branch is explored)."""
+        one-kernel answers come before any deeper branch is explored). `deepen(depth)` may stop
+        the deepening (when no schedule of that many kernels can beat the best found)."""
         for depth in range(1, self.config.max_kernel_ops + 1):
+            if self.deepen is not None and not self.deepen(depth):
+                return
             yield from self._at_depth(self.initial(), depth)
 
     def _at_depth(self, state: KState, depth: int) -> Iterator[SGraph]:
@@ -194,6 +198,9 @@ class KernelSearch:
                     continue
                 tie = next(((c.axis, c.size) for i in subset if (c := s.tensors[i].chunk) is not None), None)
                 specs = [self._spec(s.tensors[i], i, tie is not None) for i in subset]
+                if self.config.concrete and tie is None:
+                    yield from self._concrete_moves(s, subset, specs, final, missing)
+                    continue
                 for block in self._blocks(specs):
                     if final and not self._completes(missing, _sinks(block)):
                         self.pruned += 1
@@ -218,6 +225,32 @@ class KernelSearch:
                             yield KState((*s.tensors, *new), (*s.kernels, res.kernel), key, s.graph_kernels + 1)
                             continue
                         self.pruned += 1
+
+    def _concrete_moves(
+        self, s: KState, subset: tuple[int, ...], specs: list[InputSpec], final: bool, missing: list[int],
+    ) -> Iterator[KState]:
+        """Mirage-style: fix the grid sizes, the maps and the loop range first, then generate block
+        graphs over the concrete tiles, for every such choice (what the symbolic search avoids)."""
+        kid = f"k{len(s.kernels)}"
+        ids = [t.id for t in s.tensors]
+        for axes, loop in concrete_tilings(specs):
+            tiled = [InputSpec(sp.tensor, _tile(sp, axes, loop), sp.ae, sp.classes) for sp in specs]
+            if any(d < 1 for sp in tiled for d in sp.shape):
+                continue
+            for block in self._blocks(tiled):
+                res = resolve_fixed(block, tiled, ids, kid, s.graph_kernels, axes, loop)
+                if res is None:
+                    continue
+                shapes = _kernel_shapes(self.program, s, res.kernel)
+                new = [KTensor(tid, shapes[tid], block.tiles[tile].ae, block.tiles[tile].pdims, chunk)
+                       for tid, tile, chunk in res.outputs]
+                if any(self._repeats(s, t.ae, t.shape, t.chunk) for t in new):
+                    continue
+                if final and not self._completes(missing, [(t.ae, t.shape) for t in new if t.chunk is None]):
+                    continue
+                key = (max(subset), subset, 1, _signature(res.kernel))
+                if key > s.last_key:
+                    yield KState((*s.tensors, *new), (*s.kernels, res.kernel), key, s.graph_kernels + 1)
 
     def _spec(self, t: KTensor, index: int, tied: bool) -> InputSpec:
         if t.chunk is None:
@@ -321,6 +354,61 @@ def _signature(k: GraphKernel) -> str:
     parts += [f"a{a.source}{a.kind}{a.dim}" for a in b.accumulators]
     parts += [f"o{o.source}{o.omap}" for o in b.outputs]
     return "|".join(parts)
+
+
+GRID_TILES = (8, 16, 32, 64, 128, 256)  # Mirage's 1-D grid candidates: dim / tile for these tiles
+LOOP_RANGES = (1, 4, 16, 64)  # Mirage's loop ranges, plus no loop
+
+
+def concrete_tilings(specs: Sequence[InputSpec]) -> Iterator[tuple[list[tuple[int, int]], tuple[frozenset[int], int]]]:
+    """Every concrete choice of grid axes (program dim class, size) and loop (classes, range) for
+    these inputs, in a fixed order: 1 to 3 axes on distinct classes (in class order: permuted
+    grids are the same schedule), each of a size n / tile for Mirage's tiles, and a loop over one
+    or two classes (or none) whose range divides what it walks."""
+    extent: dict[int, int] = {}
+    for sp in specs:
+        for size, c in zip(sp.shape, sp.classes, strict=True):
+            if c != -1 and size > 1:
+                extent[c] = size
+    classes = sorted(extent)
+    for n_axes in (1, 2, 3):
+        for chosen in combinations(classes, n_axes):
+            size_options = [[extent[c] // t for t in GRID_TILES if extent[c] % t == 0 and extent[c] > t] or [1]
+                            for c in chosen]
+            for sizes in _grid_product(size_options):
+                axes = list(zip(chosen, sizes, strict=True))
+                for n_loop in (0, 1, 2):
+                    for walked in combinations(classes, n_loop):
+                        for rng in LOOP_RANGES if walked else (1,):
+                            if walked and rng == 1:
+                                continue
+                            left = {c: extent[c] // dict(axes).get(c, 1) for c in walked}
+                            if all(left[c] % rng == 0 and left[c] > rng for c in walked):
+                                yield axes, (frozenset(walked), rng)
+
+
+def _grid_product(options: list[list[int]]) -> Iterator[tuple[int, ...]]:
+    if not options:
+        yield ()
+        return
+    for head in options[0]:
+        for rest in _grid_product(options[1:]):
+            yield (head, *rest)
+
+
+def _tile(sp: InputSpec, axes: list[tuple[int, int]], loop: tuple[frozenset[int], int]) -> tuple[int, ...]:
+    split = dict(axes)
+    return tuple(
+        size // split.get(c, 1) // (loop[1] if c in loop[0] else 1) if c != -1 else size
+        for size, c in zip(sp.shape, sp.classes, strict=True)
+    )
+
+
+def _kernel_shapes(program: Program, s: KState, kernel: GraphKernel) -> dict[str, tuple[Size, ...]]:
+    """Shapes of a new kernel's outputs, from the sGraph analysis of the state plus the kernel."""
+    decls = tuple(TensorDecl(n.id, n.shape, n.dtype or "f32") for n in program.inputs)
+    info = analyze(SGraph(decls, (*s.kernels, kernel), kernel.outputs, "partial"), require_used=False)
+    return {t: info.shapes[t] for t in kernel.outputs}
 
 
 def _sinks(block: BlockState) -> list[tuple[AE, tuple[Size, ...]]]:

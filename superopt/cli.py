@@ -14,12 +14,14 @@ from rich.console import Console
 from rich.table import Table
 
 from superopt import workloads
+from superopt.api import NoCandidate
 from superopt.db.errors import RequestError, StoreError
 from superopt.instantiate import InstantiationError, instantiate, parse_params
 from superopt.loading import LoadError, kind_of, load_program, load_sgraph, read_json
 from superopt.ops import OpError
 from superopt.program import Program, ProgramError
 from superopt.render import render_program, render_sgraph
+from superopt.search.space import UnsupportedProgram
 from superopt.sgraph import SGraphError, check_matches
 from superopt.sizes import SizeError
 from superopt.targets import target as get_target
@@ -32,6 +34,7 @@ err = Console(stderr=True, highlight=False, soft_wrap=True, width=_WIDTH)
 
 USER_ERRORS: tuple[type[Exception], ...] = (
     ProgramError, SGraphError, InstantiationError, LoadError, OpError, SizeError, StoreError, RequestError,
+    NoCandidate, UnsupportedProgram,
 )
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -177,6 +180,87 @@ def verify(
                   f"float max rel err {verdict.float_max_rel_err:.2e})", markup=False)
     if not verdict.proved:
         raise typer.Exit(1)
+
+
+@app.command()
+@user_errors
+def optimize(
+    spec: Annotated[str, typer.Argument(help="built-in workload or program JSON file")],
+    target: Annotated[str, typer.Option(help="h100 | h200 | a100 | auto (the local GPU, else h100)")] = "auto",
+    budget_s: Annotated[float, typer.Option("--budget-s", help="search time budget (anytime: best so far)")] = 300.0,
+    max_states: Annotated[int | None, typer.Option("--max-states", help="search state budget")] = None,
+    concrete: Annotated[bool, typer.Option(help="enumerate concrete grid/loop sizes and maps (Mirage-style)")] = False,
+    max_kernel_ops: Annotated[int, typer.Option(help="kernels per kernel graph")] = 5,
+    max_block_ops: Annotated[int, typer.Option(help="compute ops per block graph")] = 11,
+    max_block_inputs: Annotated[int, typer.Option(help="inputs per block graph")] = 4,
+    force: Annotated[bool, typer.Option(help="search even when the kernel cache has an answer")] = False,
+    no_cache: Annotated[bool, typer.Option("--no-cache", help="neither read nor write the kernel cache")] = False,
+    db: Annotated[str | None, typer.Option(help="database URL (default: SUPEROPT_DB_URL or the SQLite cache)")] = None,
+    workers: Annotated[int | None, typer.Option(help="Ray workers (default: in-process)")] = None,
+    ray_address: Annotated[str | None, typer.Option(help="join a running Ray cluster")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="print the JSON report")] = False,
+) -> None:
+    """Find, prove and time the fastest fused schedule of a program."""
+    from superopt.api import optimize as run_optimize
+    from superopt.config import SearchConfig
+
+    program = load_program(spec)
+    config = SearchConfig(max_kernel_ops, max_block_ops, 3, max_block_inputs, concrete)
+    with _progress_line(quiet=False) as progress:
+        result = run_optimize(program, target=target, budget_s=budget_s, max_states=max_states, config=config,
+                              force=force, cache=not no_cache, db=db, progress=progress, workers=workers,
+                              ray_address=ray_address)
+    if as_json:
+        emit_json(result.report())
+        return
+    _summary(result)
+
+
+def _progress_line(quiet: bool) -> Any:
+    """A live status line on stderr: states, pruned, verified, best so far."""
+    from contextlib import contextmanager
+
+    from rich.live import Live
+
+    @contextmanager
+    def line() -> Any:
+        if quiet or not err.is_terminal:
+            yield None
+            return
+        with Live(console=err, refresh_per_second=4, transient=True) as live:
+            def update(p: dict[str, Any]) -> None:
+                best = f"{p['best_time_us']:.2f} us" if p.get("best_time_us") else "-"
+                live.update(f"[{p['phase']}] {p['seconds']:.1f}s  states {p['states']}  pruned {p['pruned']}  "
+                            f"verified {p['verified']}  best {best}")
+            yield update
+
+    return line()
+
+
+def _summary(result: Any) -> None:
+    best, rep = result.best, result.report()
+    s = rep["search"]
+    how = "from the kernel cache" if result.cache_hit else (
+        "re-instantiated from an earlier search (shape reuse)" if s["reused"] else
+        f"searched {'symbolically' if s['symbolic'] else 'concretely'}: {s['states']} states, "
+        f"{s['pruned']} pruned, {s['verified']} verified in {s['seconds']:.1f} s"
+        + (" (budget exhausted: best so far)" if s["budget_exhausted"] else ""))
+    out.print(f"{result.program.name}: {how}", markup=False)
+    out.print(render_sgraph(best.sgraph, best.params), markup=False)
+    v = best.verdict
+    proof = f"e-graph {v.egraph}" + (f" ({v.egraph_stats.get('rule_applications')} rule applications)" if v else "")
+    out.print(f"verdict: {'PROVED' if v and v.proved else 'NOT PROVED'}: {proof}, finite fields "
+              f"{v.finite_field_trials} trials (error bound {v.finite_field_error_bound:.1e}), float max rel err "
+              f"{v.float_max_rel_err:.2e}", markup=False)
+    table = Table("", "time (us)", "kernels", "DRAM (MB)", "x floor DRAM")
+    floor_mb = result.floor_dram_bytes / 1e6
+    for label, c in (("best", best), ("unfused baseline", result.baseline)):
+        table.add_row(label, f"{c.time_us:.2f} ({c.time_source})", str(c.kernels), f"{c.dram_bytes / 1e6:.2f}",
+                      f"{c.dram_bytes / result.floor_dram_bytes:.2f}")
+    table.add_row("physical floor", f"{result.floor_time_us:.2f}", "", f"{floor_mb:.2f}", "1.00")
+    out.print(table)
+    out.print(f"speedup over the unfused baseline: {result.speedup:.2f}x on {result.target}"
+              f"{' (measured)' if result.measured else ' (estimated by the cost model)'}", markup=False)
 
 
 @app.command()

@@ -19,7 +19,7 @@ class SearchConfig:
     max_kernel_ops: int = 5
     max_block_ops: int = 11
     max_grid_axes: int = 3
-    max_block_inputs: int = 3
+    max_block_inputs: int = 4  # LoRA's best schedule reads X, W, X @ A and B in one kernel
     concrete: bool = False
 
     def to_json(self) -> dict[str, object]:

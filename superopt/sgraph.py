@@ -243,7 +243,7 @@ class Analysis:
     axis_sizes: dict[str, Size]
 
 
-def analyze(sg: SGraph) -> Analysis:
+def analyze(sg: SGraph, require_used: bool = True) -> Analysis:
     shapes: dict[str, Shape] = {}
     dtypes: dict[str, str] = {}
     producer: dict[str, str] = {}
@@ -288,7 +288,8 @@ def analyze(sg: SGraph) -> Analysis:
     for o in sg.outputs:
         if o not in shapes:
             raise SGraphError(f"output {o!r} is not a tensor of the sGraph")
-    _check_all_used(sg, shapes)
+    if require_used:
+        _check_all_used(sg, shapes)
     symbols = frozenset(s for a in axis_sizes.values() for s in a.symbols)
     return Analysis(shapes, dtypes, producer, blocks, constraints, symbols, axis_sizes)
 

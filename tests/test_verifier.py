@@ -231,7 +231,47 @@ def _row_mean_sgraph(p: Program) -> SGraph:
     return b.build(["O"])
 
 
+def _split_k_program(kind: str) -> Program:
+    """(X @ A) then a matmul on the left or right, or a row scale."""
+    p = Program(f"splitk_{kind}")
+    x = p.input("X", (4, 16), "f32")
+    a = p.input("A", (16, 8), "f32")
+    if kind == "left":
+        p.output(p.op("matmul", x @ a, p.input("B", (8, 12), "f32"), name="O"))
+    elif kind == "right":
+        p.output(p.op("matmul", p.input("C", (12, 4), "f32"), x @ a, name="O"))
+    else:
+        p.output(p.op("mul", x @ a, p.input("S", (4, 1), "f32"), name="O"))
+    return p
+
+
+def _split_k_sgraph(p: Program, kind: str) -> SGraph:
+    """Kernel 1 splits the contraction over grid axis z and writes per-chunk partial products;
+    kernel 2 walks the chunks (its loop is the same axis z), applies the second operation to each
+    chunk and sums: correct only because the operation is linear in the partial product."""
+    b = SGraphBuilder.for_program(p)
+    k1 = b.graph(grid=[("z", "gz")])
+    chunk_dim = 0 if kind == "right" else 1
+    part = k1.acc(k1.op("matmul", k1.input("X", [1], None), k1.input("A", [0], None)))
+    k1.output(part, "P", [chunk_dim])
+    k2 = b.graph(grid=[("u", "hu")], loop=("z", "gz"))
+    if kind == "left":
+        body = k2.op("matmul", k2.input("P", [0], 1), k2.input("B", [None], None))
+    elif kind == "right":
+        body = k2.op("matmul", k2.input("C", [None], None), k2.input("P", [1], 0))
+    else:
+        body = k2.op("mul", k2.input("P", [0], 1), k2.input("S", [0], None))
+    k2.output(k2.acc(body), "O", [1 if kind == "right" else 0])
+    return b.build(["O"])
+
+
 TARGETED = {
+    "split-K, then a matmul on the right of each chunk": (lambda: _split_k_program("left"),
+                                                          lambda p: _split_k_sgraph(p, "left")),
+    "split-K, then a matmul on the left of each chunk": (lambda: _split_k_program("right"),
+                                                         lambda p: _split_k_sgraph(p, "right")),
+    "split-K, then a row scale of each chunk": (lambda: _split_k_program("scale"),
+                                                lambda p: _split_k_sgraph(p, "scale")),
     "elementwise with replicated and constant operands": (_elementwise_program, _elementwise_sgraph),
     "row max": (_rowmax_program, _rowmax_sgraph),
     "sum without keepdim, rows split": (lambda: _squeeze_program(1), lambda p: _squeeze_sgraph(p, 1)),

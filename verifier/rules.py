@@ -175,6 +175,17 @@ def _ex_over_add(rng: np.random.Generator) -> Bindings:
                     axes={"a": "x"}, sizes=sizes)
 
 
+def _ex_over_linear(kind: str) -> Callable[[np.random.Generator], Bindings]:
+    def make(rng: np.random.Generator) -> Bindings:
+        sizes = _axes(rng, "x")
+        varying, fixed = {"left": ((2, 3), (3, 4)), "right": ((3, 4), (2, 3)), "scale": ((2, 3), (2, 3))}[kind]
+        tensors = {"A": _family(rng, ["x"], sizes, varying), "B": _rand(rng, *fixed)}
+        if kind == "right":
+            tensors = {"A": _rand(rng, *fixed), "B": _family(rng, ["x"], sizes, varying)}
+        return Bindings(tensors=tensors, axes={"a": "x"}, sizes=sizes)
+    return make
+
+
 def _ex_indep(rng: np.random.Generator) -> Bindings:
     sizes = _axes(rng, "x")
     return Bindings(tensors={"E": _rand(rng, 2, 3)}, axes={"a": "x"}, sizes=sizes)
@@ -250,6 +261,12 @@ RULES: list[Rule] = [
          (("ne_axis", a, b),), _ex_over_part_other, ("b",)),
     Rule("sum-over-add", t.sum_over(t.binary("add", A, B), a), t.binary("add", t.sum_over(A, a), t.sum_over(B, a)),
          (), _ex_over_add),
+    Rule("sum-over-matmul-left", t.sum_over(t.matmul(A, B), a), t.matmul(t.sum_over(A, a), B), (("indep", B, a),),
+         _ex_over_linear("left")),
+    Rule("sum-over-matmul-right", t.sum_over(t.matmul(A, B), a), t.matmul(A, t.sum_over(B, a)), (("indep", A, a),),
+         _ex_over_linear("right")),
+    Rule("sum-over-scale", t.sum_over(t.binary("mul", A, B), a), t.binary("mul", t.sum_over(A, a), B),
+         (("indep", B, a),), _ex_over_linear("scale")),
     Rule("mean-over-invariant", t.mean_over(E, a), E, (("indep", E, a),), _ex_indep),
     # -- algebra ------------------------------------------------------------------------------
     Rule("add-comm", t.binary("add", A, B), t.binary("add", B, A), (), _ex_comm),

@@ -1,0 +1,212 @@
+"""The Python API: `superopt.optimize(program, ...) -> Result`.
+
+    from superopt import optimize, workloads
+    result = optimize(workloads.resolve("rmsnorm_matmul"), target="h100")
+    print(result.best.time_us, result.speedup, result.best.verdict.proved)
+
+One call: look the program up in the kernel cache; else re-instantiate verified symbolic sGraphs
+kept from a search of the same program at another shape; else search. The winner is verified
+again at the program's real shapes with its chosen parameters (and, on a GPU, checked and timed as
+generated CUDA), its CUDA source generated, and the result stored in the cache.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from superopt import costmodel
+from superopt.config import SearchConfig
+from superopt.program import Program
+from superopt.result import Candidate, Result, SearchStats, Verdict
+from superopt.targets import TARGETS, Target, fingerprint
+from superopt.targets import target as named_target
+
+Progress = Callable[[dict[str, Any]], None]
+MEASURE_TOP = 5  # candidates timed on a GPU (best by the cost model first)
+REUSE_VERIFY = 5  # kept sGraphs re-verified at a new shape (the best by the cost model first)
+
+
+class NoCandidate(ValueError):
+    """The search found nothing it could prove (not even the baseline): the message says why."""
+
+
+@dataclass(frozen=True)
+class TargetChoice:
+    target: Target
+    measured: bool
+    fingerprint: str
+
+
+def resolve_target(name: str) -> TargetChoice:
+    """'h100' | 'h200' | 'a100' (cost-model estimates) or 'auto': the local GPU, timed, when there
+    is one (its datasheet figures for the cost model's ranking), else h100 estimates."""
+    if name != "auto":
+        t = named_target(name)
+        return TargetChoice(t, False, fingerprint(t))
+    from superopt.runtime import device_fingerprint, fingerprint_text, gpu_available
+
+    ok, device = gpu_available()
+    if not ok:
+        return TargetChoice(TARGETS["h100"], False, fingerprint(TARGETS["h100"]))
+    known = next((t for key, t in TARGETS.items() if key in device.lower().replace(" ", "")), TARGETS["h100"])
+    return TargetChoice(known, True, fingerprint_text(device_fingerprint()))
+
+
+def optimize(
+    program: Program,
+    *,
+    target: str = "auto",
+    budget_s: float | None = 300.0,
+    max_states: int | None = None,
+    config: SearchConfig | None = None,
+    force: bool = False,
+    cache: bool = True,
+    reuse: bool = True,
+    db: str | None = None,
+    progress: Progress | None = None,
+    workers: int | None = None,
+    ray_address: str | None = None,
+) -> Result:
+    """Find, prove and time the fastest schedule of `program` within the search bounds.
+
+    `force` searches even when the cache has an answer; `cache=False` neither reads nor writes the
+    cache (the job worker stores results itself); `reuse=False` ignores sGraphs kept from searches
+    of the same program at other shapes. `workers`/`ray_address` distribute the search on Ray."""
+    program.validate()
+    config = config or SearchConfig()
+    choice = resolve_target(target)
+    kernel_cache = None
+    if cache:
+        from superopt.db.cache import KernelCache
+        from superopt.db.engine import open_database
+
+        kernel_cache = KernelCache(open_database(db))
+        if not force:
+            hit = kernel_cache.lookup(program, choice.fingerprint, config)
+            if hit is not None:
+                return hit
+    outcome = _verified_sgraphs(program, choice, config, budget_s, max_states, progress, reuse, workers, ray_address)
+    result = _result(program, choice, outcome)
+    if kernel_cache is not None:
+        kernel_cache.store(result, config)
+    return result
+
+
+def _verified_sgraphs(
+    program: Program, choice: TargetChoice, config: SearchConfig, budget_s: float | None,
+    max_states: int | None, progress: Progress | None, reuse: bool, workers: int | None, ray_address: str | None,
+) -> Any:
+    from superopt.search.driver import Outcome, Verified
+    from superopt.search.instantiation import rank
+    from superopt.search.reuse import SGraphStore
+    from superopt.verifier.verify import verify
+
+    store = SGraphStore()
+    if reuse:
+        kept = store.load(program, config)
+        if kept:
+            # Rank every kept sGraph at the new shape (cost model only), then re-verify the leaders
+            # until REUSE_VERIFY of them (and the baseline) are proved here.
+            t0 = time.monotonic()
+            sgraphs, earlier = kept
+            stats = SearchStats(symbolic=earlier.get("symbolic", True), reused=True)
+            ranked = [(r, sg) for sg in sgraphs if (r := rank(sg, choice.target))]
+            ranked.sort(key=lambda x: (x[0][0].estimate.time_s, len(x[1].kernels), x[1].dumps()))
+            verified: list[Verified] = []
+            for r, sg in ranked:
+                fused = sum(not v.sgraph.name.endswith(".unfused") for v in verified)
+                if fused >= REUSE_VERIFY and not sg.name.endswith(".unfused"):
+                    continue
+                verdict = verify(program, sg, target=choice.target)
+                if verdict.proved:
+                    verified.append(Verified(sg, verdict, r))
+            stats.verified = len(verified)
+            stats.seconds = time.monotonic() - t0
+            if any(not v.sgraph.name.endswith(".unfused") for v in verified):
+                return Outcome(verified, stats)
+    if (workers is not None and workers > 1) or ray_address:
+        from superopt.search.distributed import run_distributed
+
+        outcome = run_distributed(program, choice.target, config, budget_s=budget_s, max_states=max_states,
+                                  progress=progress, workers=workers, address=ray_address)
+    else:
+        from superopt.search.driver import run_search
+
+        outcome = run_search(program, choice.target, config, budget_s=budget_s, max_states=max_states,
+                             progress=progress)
+    if outcome.verified:
+        store.save(program, config, [v.sgraph for v in outcome.verified], outcome.stats.to_json())
+    return outcome
+
+
+def _result(program: Program, choice: TargetChoice, outcome: Any) -> Result:
+    from superopt.verifier.verify import verify
+
+    t = choice.target
+    ordered = sorted(outcome.verified, key=lambda v: v.sort_key())
+    baseline = next((v for v in ordered if v.sgraph.name.endswith(".unfused")), None)
+    if baseline is None:
+        raise NoCandidate(f"{program.name}: not even the unfused baseline could be verified")
+    candidates: list[Candidate] = []
+    winner: Candidate | None = None
+    for v in ordered:
+        c = _candidate(v.sgraph, v.best.params, v.best.estimate, v.verdict)
+        candidates.append(c)
+        if winner is None:
+            # The returned kernel itself: re-verified at the program's real shapes and parameters.
+            final = verify(program, v.sgraph, target=t, params=v.best.params)
+            if final.proved:
+                c.verdict = final
+                winner = c
+    if winner is None:
+        raise NoCandidate(f"{program.name}: no candidate passed verification at its real shapes")
+    base = next(c for c in candidates if c.sgraph is baseline.sgraph)
+    if choice.measured:
+        winner = _measure(program, t, candidates, base)
+    _attach_cuda(winner, t)
+    floor = costmodel.floor(program, t)
+    return Result(
+        program=program, target=t.name, measured=choice.measured, search=outcome.stats, best=winner,
+        baseline=base, floor_dram_bytes=floor.dram_bytes, floor_time_us=floor.time_s * 1e6,
+        candidates=candidates, target_fingerprint=choice.fingerprint,
+    )
+
+
+def _candidate(sg: Any, params: dict[str, int], est: costmodel.Estimate, verdict: Verdict) -> Candidate:
+    return Candidate(sg, dict(params), est.time_us, "estimated", est.dram_bytes, est.flops, verdict,
+                     estimated_us=est.time_us)
+
+
+def _attach_cuda(c: Candidate, t: Target) -> None:
+    from superopt.codegen import CodegenError, generate
+    from superopt.instantiate import instantiate
+
+    try:
+        prog = generate(instantiate(c.sgraph, c.params, t))
+    except CodegenError:
+        return
+    c.cuda, c.launch = prog.source, prog.launch_json()
+
+
+def _measure(program: Program, t: Target, candidates: list[Candidate], base: Candidate) -> Candidate:
+    """Time the best few candidates (and the baseline) as generated CUDA; the fastest correct one
+    wins. A candidate whose kernels are wrong on the device is dropped, never returned."""
+    from superopt.runtime.measure import IncorrectKernel, measure
+
+    timed: list[Candidate] = []
+    for c in [*candidates[:MEASURE_TOP], base]:
+        if c in timed:
+            continue
+        try:
+            m = measure(program, c.sgraph, c.params, t)
+        except IncorrectKernel:
+            continue
+        c.time_us, c.time_source = m.median_us, "measured"
+        timed.append(c)
+    proved = [c for c in timed if c.verdict is not None and c.verdict.proved]
+    if not proved:
+        raise NoCandidate(f"{program.name}: no candidate was correct on the device")
+    return min(proved, key=lambda c: (c.time_us, c.kernels))

@@ -1,0 +1,217 @@
+"""Symbolic search: finds and proves the fused schedules, reuses them across shapes, deterministic."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from superopt import Program, workloads
+from superopt.api import optimize
+from superopt.cli import app
+from superopt.config import SearchConfig
+from superopt.search.block import Generator, InputSpec
+from superopt.search.driver import run_search
+from superopt.search.instantiation import rank
+from superopt.search.kernel import KernelSearch
+from superopt.search.space import space_of
+from superopt.sgraph import GraphKernel, LibraryKernel
+from superopt.verifier.oracle import Oracle
+
+
+@pytest.fixture(autouse=True)
+def private_cache(tmp_path, monkeypatch):
+    """Every test gets its own cache directory (kept sGraphs, SQLite kernel cache)."""
+    monkeypatch.setenv("SUPEROPT_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv("SUPEROPT_DB_URL", raising=False)
+
+
+def search(spec: str, h100, **config):
+    program = workloads.resolve(spec)
+    return program, run_search(program, h100, SearchConfig(**config), budget_s=120)
+
+
+def graph_kernels(sg) -> list[GraphKernel]:
+    return [k for k in sg.kernels if isinstance(k, GraphKernel)]
+
+
+def ops_of(k: GraphKernel, phase: str) -> list[str]:
+    return sorted(o.op for o in getattr(k.block, phase))
+
+
+@pytest.mark.parametrize("name", ["rmsnorm_matmul", "gated_mlp", "rmsnorm_mlp", "lora", "ntrans"])
+def test_search_finds_a_schedule_as_good_as_the_reference(name, h100):
+    program, outcome = search(f"{name}:ci", h100)
+    ref = workloads.get(name).reference(program)
+    ref_us = rank(ref, h100)[0].estimate.time_us
+    best = outcome.best
+    assert best.verdict.proved and best.verdict.egraph == "proved"
+    assert best.best.estimate.time_us <= ref_us + 1e-9, (best.best.estimate.time_us, ref_us)
+    baseline = next(v for v in outcome.verified if v.sgraph.name.endswith(".unfused"))
+    assert best.best.estimate.time_us < baseline.best.estimate.time_us
+    assert not outcome.stats.budget_exhausted
+
+
+def test_rmsnorm_matmul_rediscovers_the_fused_family(h100):
+    """One graph-defined kernel whose loop walks the hidden dim: both matmul operands walked, the
+    product and the mean of squares accumulated, the division after the loop."""
+    _, outcome = search("rmsnorm_matmul:ci", h100)
+    fused = [v.sgraph for v in outcome.verified if len(v.sgraph.kernels) == 1 and graph_kernels(v.sgraph)]
+    assert fused
+    families = []
+    for sg in fused:
+        (k,) = graph_kernels(sg)
+        fmap = {i.tensor: i.fmap for i in k.block.inputs}
+        accs = sorted(a.kind for a in k.block.accumulators)
+        families.append((fmap.get("X"), fmap.get("W"), accs, "matmul" in ops_of(k, "body"), ops_of(k, "post")))
+    assert (1, 0, ["mean", "sum"], True, ["add", "const", "div", "sqrt"]) in families
+
+
+def test_gated_mlp_rediscovers_the_fused_family(h100):
+    _, outcome = search("gated_mlp:ci", h100)
+    best = outcome.best.sgraph
+    (k,) = graph_kernels(best)
+    assert len(best.kernels) == 1
+    assert ops_of(k, "body") == ["matmul", "matmul"]
+    assert ops_of(k, "post") == ["mul", "silu"]
+    assert {a.kind for a in k.block.accumulators} == {"sum"}
+    assert {i.tensor: i.fmap for i in k.block.inputs} == {"X": 1, "W1": 0, "W2": 0}
+
+
+def test_pruning_keeps_every_reference_block_graph(h100):
+    """The generator, with the oracle pruning, produces the reference's block graph (up to naming)
+    for every single-kernel reference: pruning never cuts its prefixes."""
+    for name in ("rmsnorm_matmul", "gated_mlp", "rmsnorm_mlp", "ntrans"):
+        program, ref = workloads.reference_for(f"{name}:ci")
+        (k,) = graph_kernels(ref)
+        want = (ops_of(k, "body"), sorted(a.kind for a in k.block.accumulators), ops_of(k, "post"))
+        ks = KernelSearch(program, space_of(program), Oracle(program), SearchConfig())
+        specs = [ks._spec(t, i, False) for i, t in enumerate(ks.initial().tensors)]
+        gen = Generator(space_of(program), ks.oracle, len(k.block.body) + len(k.block.post))
+        seen = set()
+        for s in gen.complete_graphs(gen.start(specs)):
+            body = sorted(t.op for t in s.tiles if t.phase == 0 and t.op != "input")
+            post = sorted([t.op for t in s.tiles if t.phase == 1 and t.op != "acc"] + ["const"] * sum(
+                1 for t in s.tiles if t.phase == 1 and t.consts))
+            seen.add((tuple(body), len([t for t in s.tiles if t.op == "acc"]), tuple(post)))
+        assert (tuple(want[0]), len(want[1]), tuple(want[2])) in seen, name
+
+
+def test_attention_finds_a_fused_schedule_better_than_unfused(h100):
+    _, outcome = search("gqa:ci", h100, max_kernel_ops=2)
+    best = outcome.best
+    assert graph_kernels(best.sgraph)
+    baseline = next(v for v in outcome.verified if v.sgraph.name.endswith(".unfused"))
+    assert best.best.estimate.time_us < baseline.best.estimate.time_us
+
+
+def test_lora_fuses_into_one_proved_kernel(h100):
+    """Neither Mirage nor Prism finds a kernel for LoRA; the whole block fits one launch here."""
+    _, outcome = search("lora:ci", h100)
+    best = outcome.best.sgraph
+    assert len(best.kernels) == 1 and graph_kernels(best)
+    assert outcome.best.verdict.proved
+
+
+def test_same_input_gives_the_same_winner(h100):
+    _, first = search("gqa:ci", h100, max_kernel_ops=2)
+    _, second = search("gqa:ci", h100, max_kernel_ops=2)
+    assert first.best.sgraph.dumps() == second.best.sgraph.dumps()
+    assert first.best.best.params == second.best.best.params
+    assert first.stats.states == second.stats.states
+
+
+def test_symbolic_search_visits_fewer_states_than_concrete(h100):
+    _, symbolic = search("rmsnorm_matmul:ci", h100, max_kernel_ops=1)
+    program = workloads.resolve("rmsnorm_matmul:ci")
+    concrete = run_search(program, h100, SearchConfig(max_kernel_ops=1, concrete=True),
+                          max_states=5 * symbolic.stats.states)
+    assert not symbolic.stats.budget_exhausted
+    assert concrete.stats.budget_exhausted  # concrete needs more than five times the states
+    assert concrete.stats.states >= 5 * symbolic.stats.states
+
+
+def test_budget_returns_the_best_so_far(h100):
+    program = workloads.resolve("gated_mlp:ci")
+    outcome = run_search(program, h100, SearchConfig(), max_states=20)
+    assert outcome.stats.budget_exhausted
+    assert outcome.best.sgraph.name.endswith(".unfused")  # the baseline is verified before searching
+
+
+def test_a_single_matmul_gets_an_answer_not_an_error():
+    p = Program("mm")
+    x = p.input("X", (32, 64), "f16")
+    w = p.input("W", (64, 48), "f16")
+    p.output(x @ w)
+    result = optimize(p, target="h100", budget_s=60)
+    assert result.best.verdict.proved
+    assert result.best.time_us <= result.baseline.time_us
+
+
+def test_shape_reuse_reinstantiates_without_searching():
+    w = workloads.get("rmsnorm_matmul")
+    first = optimize(w.build(n=4, d=64, e=48), target="h100", budget_s=60, cache=False)
+    assert not first.search.reused and first.search.states > 0
+    second = optimize(w.build(n=8, d=32, e=24), target="h100", budget_s=60, cache=False)
+    assert second.search.reused and second.search.states == 0
+    assert second.best.verdict.proved
+    same_structure = [(k.kind, getattr(k, "op", None)) for k in first.best.sgraph.kernels]
+    assert [(k.kind, getattr(k, "op", None)) for k in second.best.sgraph.kernels] == same_structure
+
+
+def test_report_has_every_documented_field():
+    report = optimize(workloads.resolve("ntrans:ci"), target="h100", budget_s=60).report()
+    assert report["program"]["name"] == "ntrans:ci"
+    assert report["program"]["hash"] == workloads.resolve("ntrans:ci").canonical_hash()
+    assert report["target"] == {"name": "h100", "measured": False, "fingerprint": report["target"]["fingerprint"]}
+    s = report["search"]
+    assert s["symbolic"] is True and s["states"] > 0 and s["verified"] >= 2 and s["seconds"] > 0
+    assert isinstance(s["pruned"], int)
+    b = report["best"]
+    assert b["verdict"]["egraph"] == "proved" and b["verdict"]["finite_field_trials"] >= 6
+    assert 0 < b["verdict"]["float_max_rel_err"] <= b["verdict"]["float_tolerance"]
+    assert b["time_source"] == "estimated" and b["time_us"] > 0
+    assert b["speedup"] == pytest.approx(b["baseline_time_us"] / b["time_us"])
+    assert b["graph_defined_kernels"] == 1 and b["kernels"] == 1
+    assert b["dram_bytes"] >= b["floor_dram_bytes"] > 0
+    assert set(b["params"]) == {"gx0"} and b["sgraph"]["schema"] == "superopt.sgraph/1"
+    assert "__global__" in b["cuda"]
+
+
+def test_second_optimize_is_a_cache_hit():
+    p = workloads.resolve("gated_mlp:ci")
+    first = optimize(p, target="h100", budget_s=60)
+    again = optimize(p, target="h100", budget_s=60)
+    assert not first.cache_hit and again.cache_hit
+    assert again.best.sgraph.dumps() == first.best.sgraph.dumps()
+
+
+def test_optimize_command_line_json():
+    res = CliRunner().invoke(app, ["optimize", "lora:ci", "--target", "h100", "--json", "--no-cache"])
+    assert res.exit_code == 0, res.output
+    report = json.loads(res.stdout)
+    assert report["best"]["verdict"]["proved"] and report["best"]["speedup"] > 1
+
+
+def test_optimize_command_line_summary():
+    res = CliRunner().invoke(app, ["optimize", "ntrans:ci", "--target", "h100", "--no-cache"])
+    assert res.exit_code == 0, res.output
+    assert "verdict: PROVED" in res.stdout and "speedup over the unfused baseline" in res.stdout
+
+
+def test_layout_ops_stay_library_kernels(h100):
+    p = Program("t")
+    x = p.input("X", (8, 16), "f32")
+    p.output(p.exp(p.transpose(x, [1, 0])))
+    outcome = run_search(p, h100, SearchConfig(), budget_s=60)
+    assert outcome.best.verdict.proved
+    assert any(isinstance(k, LibraryKernel) and k.op == "transpose" for k in outcome.best.sgraph.kernels)
+
+
+def test_generator_respects_op_budget():
+    program = workloads.resolve("rmsnorm_matmul:ci")
+    gen = Generator(space_of(program), Oracle(program), 3)
+    specs = [InputSpec(0, (4, 64), ("inp", "X"), (0, 1)), InputSpec(1, (64, 48), ("inp", "W"), (1, 2))]
+    for s in gen.complete_graphs(gen.start(specs)):
+        assert s.nops <= 3
