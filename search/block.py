@@ -24,10 +24,11 @@ values the loop does not change.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from itertools import combinations
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from superopt import ops
 from superopt.build import BlockBuilder
@@ -37,9 +38,11 @@ from superopt.sgraph import GraphKernel
 from superopt.sizes import Size
 from superopt.verifier.oracle import AE, AV, AbstractAlgebra, Oracle
 
+T = TypeVar("T")
 UNIT = -1  # the class of a size-1 dim: broadcasts against anything, never split
 MAX_ACCUMULATORS = 3  # per block graph, as in Mirage's generator
 MAX_OUTPUTS = 2  # per block graph (flash decoding writes partial numerators and denominators)
+BODY_CACHE_ENTRIES = 4  # block spaces whose accumulated loop bodies are kept (least recently used go)
 
 # Per-axis status of a tile: how it relates to the axis' split (see `_statuses`).
 NONE, SPLIT, SUM, MEAN, BAD = "none", "split", "sum", "mean", "bad"
@@ -112,6 +115,29 @@ class InputSpec:
     tied_dim: int | None = None
 
 
+class Lazy(Generic[T]):
+    """A memoized generator: iterating again replays the items produced so far, then resumes."""
+
+    def __init__(self, source: Iterator[T]) -> None:
+        self._source = source
+        self._items: list[T] = []
+        self._done = False
+
+    def __iter__(self) -> Iterator[T]:
+        i = 0
+        while True:
+            if i < len(self._items):
+                yield self._items[i]
+                i += 1
+            elif self._done:
+                return
+            else:
+                try:
+                    self._items.append(next(self._source))
+                except StopIteration:
+                    self._done = True
+
+
 @dataclass
 class Generator:
     space: Space
@@ -120,12 +146,15 @@ class Generator:
     states: int = 0
     pruned: int = 0
     on_state: Callable[[], None] | None = None  # called for every state (budgets, progress)
-    alg: AbstractAlgebra = field(default_factory=AbstractAlgebra)
+    alg: AbstractAlgebra = field(init=False)  # the oracle's (it knows the program's constant factors)
 
     def __post_init__(self) -> None:
+        self.alg = self.oracle.alg
         self._rank = {op: i for i, op in enumerate((*self.space.block_ops, "acc"))}
         self._memo: dict[tuple[Any, ...], AV | None] = {}
         self._post_memo: dict[tuple[Any, ...], tuple[int, list[tuple[Any, ...]]]] = {}
+        self._bodies: dict[BlockState, Lazy[tuple[int, BlockState]]] = {}
+        self._pair_memo: dict[tuple[Any, ...], tuple[tuple[tuple[str, int], ...], ...]] = {}
         self._ids: dict[AE, int] = {}
         self._exprs: list[AE] = []
         self._subterms: dict[tuple[int, int], bool] = {}
@@ -150,7 +179,7 @@ class Generator:
                 tied.append((n, spec.tied_dim))
         return BlockState(tuple(tiles), classes, frozenset(), 0, (), tuple(tied))
 
-    def complete_graphs(self, start: BlockState) -> Iterator[BlockState]:
+    def complete_graphs(self, start: BlockState, part: tuple[int, int] = (1, 0)) -> Iterator[BlockState]:
         """Complete block graphs, generated phase by phase: loop-body graphs breadth-first (small
         first: the search is anytime), then for each the choices of accumulators (every body tile
         nothing reads, plus optionally others, at most `MAX_ACCUMULATORS`), then the post-loop
@@ -159,9 +188,28 @@ class Generator:
         computed once per distinct set of accumulators and replayed. `max_ops` bounds the compute
         ops (body and post-loop together).
 
-        Two loop bodies that accumulate the same values (equal accumulator signatures) complete
-        into the same post-loop graphs; breadth-first order meets the one with fewer ops first,
-        and only that one is kept (the other computes the same accumulators with more work)."""
+        `part` = (parts, index) keeps only the accumulator signatures whose stable digest falls in
+        this part: distributed search splits one block space across workers this way, and since a
+        signature's bodies all land in one part, each part prunes exactly as one process would."""
+        for digest, state in self._accumulated(start):
+            if part[0] == 1 or digest % part[0] == part[1]:
+                yield from self._posts(state)
+
+    def _accumulated(self, start: BlockState) -> Iterator[tuple[int, BlockState]]:
+        """Loop bodies with their accumulators chosen, each with its signature's digest. Two loop
+        bodies that accumulate the same values (equal signatures) complete into the same post-loop
+        graphs; breadth-first order meets the one with fewer ops first, and only that one is kept
+        (the other computes the same accumulators with more work). Memoized per start state, so a
+        process that runs several parts of one block space enumerates its bodies once."""
+        lazy = self._bodies.pop(start, None)
+        if lazy is None:
+            lazy = Lazy(self._accumulate(start))
+        self._bodies[start] = lazy  # most recently used last
+        if len(self._bodies) > BODY_CACHE_ENTRIES:
+            self._bodies.pop(next(iter(self._bodies)))
+        return iter(lazy)
+
+    def _accumulate(self, start: BlockState) -> Iterator[tuple[int, BlockState]]:
         seen: set[tuple[Any, ...]] = set()
         for body in self._phase(start, 0, self.max_ops):
             sinks = [k for k in range(len(body.tiles)) if k not in body.used]
@@ -183,7 +231,7 @@ class Generator:
                         self.pruned += 1
                         continue
                     seen.add(signature)
-                    yield from self._posts(replace(state, last_key=()))
+                    yield self._digest(signature), replace(state, last_key=())
 
     def _phase(self, start: BlockState, phase: int, budget: int) -> Iterator[BlockState]:
         """States reachable from `start` by ops of one phase, breadth-first by op count."""
@@ -261,12 +309,34 @@ class Generator:
                 yield from self._pairs(s, i, j)
 
     def _pairs(self, s: BlockState, i: int, j: int) -> Iterator[BlockState]:
-        if s.tiles[j].phase != s.tiles[i].phase:
+        a, b = s.tiles[i], s.tiles[j]
+        if a.phase != b.phase:
             return
-        for op in self._binary_ops:
+        args = (i, j)
+        admitted, rejected = self._pair_ops(a, b)
+        for op, rank in rejected:  # counted as `_try` would: only ops the canonical order allows
+            if not (op in ("add", "mul") and j < i) and (max(args), args, rank, (), ()) > s.last_key:
+                self.pruned += 1
+        for op, rank in admitted:
             if op in ("add", "mul") and j < i:
                 continue
-            yield from self._try(s, op, (i, j), ())
+            if (max(args), args, rank, (), ()) <= s.last_key:
+                continue
+            yield from self._try(s, op, args, ())
+
+    def _pair_ops(self, a: Tile, b: Tile) -> tuple[tuple[tuple[str, int], ...], tuple[tuple[str, int], ...]]:
+        """The binary ops (with their ranks) whose result on these operands the oracle admits, and
+        those it rejects. The hot path of the whole search: a state has a few dozen operand pairs,
+        mostly rejected, and the same operand values recur in thousands of states."""
+        key = (a.aid, a.pdims, b.aid, b.pdims)
+        hit = self._pair_memo.get(key)
+        if hit is None:
+            ranked = [(op, self._rank[op]) for op in self._binary_ops]
+            ok = [self._ae(op, [a, b], (), ()) is not None for op in self._binary_ops]
+            hit = (tuple(r for r, y in zip(ranked, ok, strict=True) if y),
+                   tuple(r for r, y in zip(ranked, ok, strict=True) if not y))
+            self._pair_memo[key] = hit
+        return hit
 
     # -- one op ------------------------------------------------------------------------------
     def _try(
@@ -345,6 +415,11 @@ class Generator:
             out.append(x)
         return None if cl is None else (cl, tuple(reversed(out)))
 
+    def _digest(self, signature: tuple[Any, ...]) -> int:
+        """A process-independent number for a signature (interned ids are local to a process)."""
+        stable = repr(tuple((self._exprs[aid], *rest) for aid, *rest in signature))
+        return int.from_bytes(hashlib.blake2b(stable.encode(), digest_size=8).digest(), "big")
+
     def _intern(self, e: AE) -> int:
         aid = self._ids.get(e)
         if aid is None:
@@ -391,8 +466,8 @@ class Generator:
         if hit is not _MISSING:
             return hit  # type: ignore[return-value]
         args: list[AV] = [(t.ae, t.pdims) for t in tiles]
-        for pos, _ in consts:
-            args.insert(pos, self.alg.const(0.0))
+        for pos, value in consts:
+            args.insert(pos, self.alg.const(value))
         value = apply(self.alg, op, args, dict(attrs), [])
         result = value if self.oracle.contains(value[0]) else None
         self._memo[key] = result

@@ -28,11 +28,19 @@ from superopt.config import SearchConfig
 from superopt.dimclasses import input_classes
 from superopt.primitives import apply
 from superopt.program import Program
-from superopt.search.block import BlockState, Chunk, Generator, InputSpec, resolve, resolve_fixed
+from superopt.search.block import (
+    BlockState,
+    Chunk,
+    Generator,
+    InputSpec,
+    Lazy,
+    resolve,
+    resolve_fixed,
+)
 from superopt.search.space import Space
 from superopt.sgraph import GraphKernel, Kernel, LibraryKernel, SGraph, SGraphError, TensorDecl, analyze
 from superopt.sizes import Size
-from superopt.verifier.oracle import AE, AbstractAlgebra, Oracle, abstract_program
+from superopt.verifier.oracle import AE, Oracle, abstract_program
 
 
 @dataclass(frozen=True)
@@ -52,6 +60,7 @@ class KState:
     graph_kernels: int = 0
 
 
+FirstChoice = tuple[str, Any]  # ("library", move key) | ("graph", input tensor indices)
 BLOCK_CACHE_ENTRIES = 16  # input combinations whose block graphs are kept (least recently used go)
 
 
@@ -65,19 +74,18 @@ class KernelSearch:
     space: Space
     oracle: Oracle
     config: SearchConfig
-    deadline: float = float("inf")
+    deadline: float = float("inf")  # wall-clock time.time(), comparable across worker processes
     max_states: int | None = None
     states: int = 0
     pruned: int = 0
-    block_cache: dict[tuple[Any, ...], _Lazy] = field(default_factory=dict)
+    block_cache: dict[tuple[Any, ...], Lazy[BlockState]] = field(default_factory=dict)
     on_state: Callable[[KernelSearch], None] | None = None
     deepen: Callable[[int], bool] | None = None
     _gen: Generator | None = None
 
     def __post_init__(self) -> None:
         self._gen = Generator(self.space, self.oracle, self.config.max_block_ops, on_state=self._tick)
-        alg = AbstractAlgebra()
-        self._alg = alg
+        self._alg = self.oracle.alg
         self._outputs = [self.program.nodes[o] for o in self.program.outputs]
         values = abstract_program(self.program)
         self._targets = [values[o][0] for o in self.program.outputs]
@@ -103,7 +111,7 @@ class KernelSearch:
     def _tick(self) -> None:
         if self.on_state is not None:
             self.on_state(self)
-        if time.monotonic() > self.deadline:
+        if time.time() > self.deadline:
             raise BudgetExhausted("time")
         if self.max_states is not None and self.total_states >= self.max_states:
             raise BudgetExhausted("states")
@@ -121,7 +129,37 @@ class KernelSearch:
         for depth in range(1, self.config.max_kernel_ops + 1):
             if self.deepen is not None and not self.deepen(depth):
                 return
-            yield from self._at_depth(self.initial(), depth)
+            for choice in self.first_choices(depth):
+                yield from self.candidates_in(depth, choice)
+
+    # -- shards ------------------------------------------------------------------------------
+    def first_choices(self, depth: int) -> list[FirstChoice]:
+        """The ways to choose the first kernel of a depth-`depth` graph, in canonical order: a
+        library op on given tensors, or a graph kernel over a given set of tensors. Each choice's
+        subtree is one shard of the search (`candidates_in`)."""
+        root = self.initial()
+        final = depth == 1
+        out: list[FirstChoice] = [("library", s.last_key) for s in self._library_moves(root, final)]
+        needed = self._inputs_of(self._missing(root)) if final else set()
+        for size in range(1, self.config.max_block_inputs + 1):
+            for subset in combinations(range(len(root.tensors)), size):
+                if not final or needed <= set().union(*(_leaves(root.tensors[i].ae) for i in subset)):
+                    out.append(("graph", subset))
+        return out
+
+    def candidates_in(self, depth: int, choice: FirstChoice, part: tuple[int, int] = (1, 0)) -> Iterator[SGraph]:
+        """Candidates of `depth` kernels whose first kernel is `choice`; `part` splits the first
+        kernel's block graphs among workers (see Generator.complete_graphs)."""
+        root = self.initial()
+        self.states += 1
+        self._tick()
+        final = depth == 1
+        if choice[0] == "library":
+            firsts: Iterator[KState] = (s for s in self._library_moves(root, final) if s.last_key == choice[1])
+        else:
+            firsts = self._graph_moves(root, final, only=choice[1], part=part)
+        for state in firsts:
+            yield from self._at_depth(state, depth)
 
     def _at_depth(self, state: KState, depth: int) -> Iterator[SGraph]:
         self.states += 1
@@ -184,13 +222,17 @@ class KernelSearch:
                     kernel = LibraryKernel(kid, op, tuple(s.tensors[a].id for a in args), attrs, out.id)
                     yield KState((*s.tensors, out), (*s.kernels, kernel), key, s.graph_kernels)
 
-    def _graph_moves(self, s: KState, final: bool) -> Iterator[KState]:
+    def _graph_moves(
+        self, s: KState, final: bool, only: tuple[int, ...] | None = None, part: tuple[int, int] = (1, 0),
+    ) -> Iterator[KState]:
         assert self._gen is not None
         indices = range(len(s.tensors))
         missing = self._missing(s) if final else []
         needed = self._inputs_of(missing) if final else set()
         for size in range(1, self.config.max_block_inputs + 1):
             for subset in combinations(indices, size):
+                if only is not None and subset != only:
+                    continue
                 if final and not needed <= set().union(*(_leaves(s.tensors[i].ae) for i in subset)):
                     continue  # the last kernel must see every program input its outputs read
                 chunks = {s.tensors[i].chunk.axis for i in subset if s.tensors[i].chunk is not None}
@@ -201,7 +243,7 @@ class KernelSearch:
                 if self.config.concrete and tie is None:
                     yield from self._concrete_moves(s, subset, specs, final, missing)
                     continue
-                for block in self._blocks(specs):
+                for block in self._blocks(specs, part):
                     if final and not self._completes(missing, _sinks(block)):
                         self.pruned += 1
                         continue
@@ -216,11 +258,10 @@ class KernelSearch:
                         new = []
                         for tid, tile, chunk in res.outputs:
                             shape = _output_shape(block, tile, chunk)
-                            ae = block.tiles[tile].ae
-                            if self._repeats(s, ae, shape, chunk):
+                            t = block.tiles[tile]
+                            if self._repeats(s, t.ae, shape, chunk):
                                 break
-                            classes = block.tiles[tile].pdims
-                            new.append(KTensor(tid, shape, ae, classes, chunk))
+                            new.append(KTensor(tid, shape, t.ae, t.pdims, chunk))
                         else:
                             yield KState((*s.tensors, *new), (*s.kernels, res.kernel), key, s.graph_kernels + 1)
                             continue
@@ -259,15 +300,15 @@ class KernelSearch:
         shape[t.chunk.dim] = t.chunk.base
         return InputSpec(index, tuple(shape), t.ae, t.classes, t.chunk.dim if tied else None)
 
-    def _blocks(self, specs: Sequence[InputSpec]) -> Iterator[BlockState]:
+    def _blocks(self, specs: Sequence[InputSpec], part: tuple[int, int] = (1, 0)) -> Iterator[BlockState]:
         """Complete block graphs over these inputs, smallest first. Generated lazily and memoized
         (the same inputs recur across kernel-level states): a later walk over the same inputs
         replays what was generated and continues from there."""
         assert self._gen is not None
-        key = tuple((sp.shape, sp.ae, sp.classes, sp.tied_dim) for sp in specs)
+        key = (part, *((sp.shape, sp.ae, sp.classes, sp.tied_dim) for sp in specs))
         lazy = self.block_cache.pop(key, None)
         if lazy is None:
-            lazy = _Lazy(self._gen.complete_graphs(self._gen.start(specs)))
+            lazy = Lazy[BlockState](self._gen.complete_graphs(self._gen.start(specs), part))
         self.block_cache[key] = lazy  # most recently used last
         if len(self.block_cache) > BLOCK_CACHE_ENTRIES:
             self.block_cache.pop(next(iter(self.block_cache)))
@@ -305,29 +346,6 @@ class KernelSearch:
             self.pruned += 1
             return None
         return sg
-
-
-class _Lazy:
-    """A memoized generator: iterating again replays the items produced so far, then resumes."""
-
-    def __init__(self, source: Iterator[BlockState]) -> None:
-        self._source = source
-        self._items: list[BlockState] = []
-        self._done = False
-
-    def __iter__(self) -> Iterator[BlockState]:
-        i = 0
-        while True:
-            if i < len(self._items):
-                yield self._items[i]
-                i += 1
-            elif self._done:
-                return
-            else:
-                try:
-                    self._items.append(next(self._source))
-                except StopIteration:
-                    self._done = True
 
 
 def _leaves(e: AE) -> set[str]:

@@ -62,12 +62,17 @@ def _compile(c: Constraint, target: Target) -> Callable[[Mapping[str, int]], boo
 
 def enumerate_assignments(
     sg: SGraph, target: Target, cands: Mapping[str, list[int]] | None = None, limit: int | None = None,
+    symbols: frozenset[str] | None = None,
 ) -> Iterator[dict[str, int]]:
-    """Every assignment (from the candidates) that meets all constraints, in a stable order."""
+    """Every assignment (from the candidates) that meets all constraints, in a stable order.
+    With `symbols`, assign only those, checking the constraints that mention nothing else."""
     cands = cands or candidates(sg)
-    order = sorted(sg.symbols, key=lambda s: (len(cands[s]), s))
+    chosen = sg.symbols if symbols is None else symbols
+    order = sorted(chosen, key=lambda s: (len(cands[s]), s))
     checks: dict[int, list[Callable[[Mapping[str, int]], bool]]] = {}
     for c in sg.info.constraints:
+        if not c.expr.symbols <= chosen:
+            continue
         if c.expr.is_const():
             if not _compile(c, target)({}):
                 return

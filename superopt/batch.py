@@ -64,20 +64,53 @@ def read_batch(path: Path, defaults: dict[str, Any] | None = None) -> list[Batch
 def run_batch(
     db: Database, entries: list[BatchEntry], *, local: bool = False, optimize: Optimize | None = None,
     on_progress: Callable[[list[JobView]], None] | None = None, poll_s: float = 0.5,
+    ray_workers: int | None = None, ray_address: str | None = None, optimizer_spec: str | None = None,
 ) -> list[JobView]:
     """Submit every entry and wait until all have finished; `local` runs them in this process
-    (only these jobs), otherwise workers do. `on_progress` sees the jobs after every change."""
+    (only these jobs); `ray_workers` / `ray_address` run them on Ray (each task a queue worker
+    over these jobs, one job per program); otherwise workers elsewhere do. `on_progress` sees
+    the jobs after every change."""
     queue = JobQueue(db)
     ids = [e.request.submit_to(queue, e.program).id for e in entries]
     worker = Worker(db, optimize=optimize) if local else None
+    tasks = _start_ray_workers(db, ids, ray_workers, ray_address, optimizer_spec) if ray_workers or ray_address else []
     while True:
         views = queue.get_many(ids)
         if on_progress:
             on_progress(views)
         if all(v.state.terminal for v in views):
+            if tasks:
+                import ray
+
+                ray.get(tasks)
             return views
         if worker is None or worker.run_one(only=ids) is None:
             time.sleep(poll_s)  # workers elsewhere hold the rest
+
+
+def _start_ray_workers(
+    db: Database, ids: list[int], workers: int | None, address: str | None, optimizer_spec: str | None,
+) -> list[Any]:
+    import ray
+
+    if not ray.is_initialized():
+        if address:
+            ray.init(address=address, log_to_driver=False)
+        else:
+            ray.init(num_cpus=workers, include_dashboard=False, log_to_driver=False)
+    count = workers or int(ray.cluster_resources().get("CPU", 1))
+    task = ray.remote(max_retries=3)(_ray_batch_worker)
+    url = db.url.render_as_string(hide_password=False)
+    return [task.remote(url, ids, optimizer_spec) for _ in range(count)]
+
+
+def _ray_batch_worker(url: str, ids: list[int], optimizer_spec: str | None) -> int:
+    """A queue worker in a Ray task: runs this batch's jobs until none is left to claim (a job
+    whose task dies returns to the queue when its lease expires, like any dead worker's)."""
+    from superopt.db.engine import open_database
+    from superopt.worker import load_optimizer
+
+    return Worker(open_database(url), optimize=load_optimizer(optimizer_spec)).run(once=True, only=ids)
 
 
 def summary_rows(entries: list[BatchEntry], views: list[JobView]) -> list[dict[str, Any]]:

@@ -265,27 +265,49 @@ def _summary(result: Any) -> None:
 
 @app.command()
 @user_errors
-def demo() -> None:
-    """The main job on the embedded defaults (interim: validate the built-in workloads and run
-    their reference sGraphs in the interpreter at the :ci shapes)."""
-    from superopt.assignments import enumerate_assignments
-    from superopt.interpreter import run_float
-    from superopt.reference import evaluate, max_rel_err, random_inputs
+def demo(
+    budget_s: Annotated[float, typer.Option("--budget-s", help="search budget per program")] = 30.0,
+    target: Annotated[str, typer.Option(help="auto: the local GPU, else h100 estimates")] = "auto",
+    db: Annotated[str | None, typer.Option(help="database URL (default: the SQLite cache)")] = None,
+) -> None:
+    """The main job on the embedded defaults: optimize every built-in workload at its :ci and its
+    published shape (local search, SQLite kernel cache, cost model without a GPU), then print the
+    summary. A second run is served from the cache."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    h100 = get_target("h100")
-    table = Table("workload", "hash", "reference kernels", "valid params (published)", "max rel err (:ci)")
-    for name in workloads.WORKLOADS:
-        program, ref = workloads.reference_for(name)
-        n_valid = sum(1 for _ in enumerate_assignments(ref, h100))
-        ci_prog, ci_ref = workloads.reference_for(f"{name}:ci")
-        inputs = random_inputs(ci_prog, 0)
-        want = evaluate(ci_prog, inputs)[0]
-        worst = max(
-            max_rel_err(run_float(instantiate(ci_ref, v, h100), inputs)[0], want)
-            for v in enumerate_assignments(ci_ref, h100, limit=4)
-        )
-        table.add_row(name, program.canonical_hash()[:12], str(len(ref.kernels)), str(n_valid), f"{worst:.2e}")
-    out.print(table)
+    from superopt.batch import BatchEntry, run_batch, summary_rows
+    from superopt.db.engine import open_database
+    from superopt.jobs_render import batch_table
+    from superopt.jobspec import JobRequest
+
+    specs = [s for name in workloads.WORKLOADS for s in (f"{name}:ci", name)]
+    entries = [
+        BatchEntry(i, workloads.resolve(spec), JobRequest(program=spec, target=target, budget_s=budget_s))
+        for i, spec in enumerate(specs, start=1)
+    ]
+    database = open_database(db)
+    err.print(f"superopt demo: {len(entries)} programs, target {target}, cache {database}", markup=False)
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns, console=err, transient=True) as bar:
+        task = bar.add_task("demo", total=len(entries))
+
+        def progress(views: list[Any]) -> None:
+            done = [v for v in views if v.state.terminal]
+            running = next((v.program_name for v in views if v.state.value == "running"), "")
+            bar.update(task, completed=len(done), description=f"demo {running}")
+
+        views = run_batch(database, entries, local=True, on_progress=progress)
+    rows = summary_rows(entries, views)
+    out.print(batch_table(rows))
+    hits = sum(1 for r in rows if r["cache_hit"])
+    failed = [r for r in rows if r["state"] != "succeeded"]
+    searched = len(rows) - hits - len(failed)
+    out.print(f"{len(rows)} programs: {searched} searched, {hits} served from the kernel cache"
+              + (f", {len(failed)} failed" if failed else "")
+              + (" (run `make demo` again: everything is served from the cache)" if searched else ""),
+              markup=False)
+    if failed:
+        raise typer.Exit(1)
 
 
 # -- jobs, the kernel cache, the HTTP service and workers (DESIGN.md §8) ------------------------------
@@ -470,6 +492,8 @@ def cache_invalidate(
 def batch(
     file: Annotated[Path, typer.Argument(help="JSON-lines file: one program, built-in name or job request a line")],
     local: Annotated[bool, typer.Option(help="run the jobs in this process instead of through workers")] = False,
+    workers: Annotated[int | None, typer.Option(help="run the jobs on Ray with this many workers")] = None,
+    ray_address: Annotated[str | None, typer.Option(help="run the jobs on this Ray cluster")] = None,
     target: Annotated[str | None, typer.Option(help="target of lines that name none [default: auto]")] = None,
     budget_s: Annotated[float | None, typer.Option(help="search budget of lines that name none")] = None,
     db: DbOption = None,
@@ -488,7 +512,7 @@ def batch(
     entries = read_batch(file, defaults)
     database = open_database(db)
     optimize = load_optimizer(optimizer)
-    if not local:
+    if not (local or workers or ray_address):
         err.print(f"{len(entries)} jobs queued; workers run them (`superopt worker`, or use --local)", markup=False)
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Progress(*columns, console=err, transient=True) as bar:
@@ -499,7 +523,8 @@ def batch(
             hits = sum(1 for v in done if v.cache_hit)
             bar.update(task, completed=len(done), description=f"batch ({hits} from the cache)")
 
-        views = run_batch(database, entries, local=local, optimize=optimize, on_progress=progress)
+        views = run_batch(database, entries, local=local, optimize=optimize, on_progress=progress,
+                          ray_workers=workers, ray_address=ray_address, optimizer_spec=optimizer)
     rows = summary_rows(entries, views)
     if as_json:
         emit_json(rows)
@@ -542,6 +567,7 @@ def worker(
     db: DbOption = None,
     once: Annotated[bool, typer.Option(help="exit when the queue is empty instead of waiting for jobs")] = False,
     ray_address: Annotated[str | None, typer.Option(help="Ray cluster to search on (passed to the optimizer)")] = None,
+    workers: Annotated[int | None, typer.Option(help="Ray workers for each job's search")] = None,
     lease_s: Annotated[float, typer.Option(min=1.0, help="seconds a job stays ours without a heartbeat")] = 60.0,
     poll_s: Annotated[float, typer.Option(min=0.01, help="seconds between looks at an empty queue")] = 1.0,
     optimizer: OptimizerOption = None,
@@ -557,7 +583,7 @@ def worker(
 
     w = Worker(
         open_database(db), optimize=load_optimizer(optimizer), lease_s=lease_s, poll_s=poll_s,
-        ray_address=ray_address, log=lambda line: out.print(line, markup=False),
+        ray_address=ray_address, workers=workers, log=lambda line: out.print(line, markup=False),
     )
     err.print(f"worker {w.id} ({w.queue.db})", markup=False)
     previous = signal.signal(signal.SIGTERM, stop)

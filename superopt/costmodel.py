@@ -24,14 +24,15 @@ from __future__ import annotations
 import heapq
 import math
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from superopt.assignments import candidates as divisor_candidates
 from superopt.assignments import enumerate_assignments
 from superopt.dtypes import dtype as get_dtype
 from superopt.instantiate import Instance
 from superopt.program import Program
-from superopt.sgraph import GraphKernel, LibraryKernel, SGraph
+from superopt.sgraph import GraphKernel, Kernel, LibraryKernel, SGraph
 from superopt.targets import Target
 
 DRAM_LATENCY_S = 0.6e-6  # bytes in flight needed to saturate DRAM: bandwidth x this latency
@@ -224,26 +225,92 @@ def rank(
 
     A kernel's estimate depends only on the symbols in its axes and tensor shapes, so each kernel
     is estimated once per distinct value of those symbols, not once per full assignment; the
-    enumeration has already checked every constraint. `deadline` (time.monotonic) stops early
-    with the best found so far."""
+    enumeration has already checked every constraint. `deadline` (wall-clock time.time()) stops
+    early with the best found so far."""
     relevant = {k.id: _kernel_symbols(sg, k) for k in sg.kernels}
+    # Kernels that share no symbol (directly or through a constraint) are independent: the best
+    # assignment combines each group's best, so each group is ranked on its own symbols.
+    groups = _symbol_groups(sg, relevant)
+    ranked_groups = [_rank_group(sg, target, candidates, keep, deadline, g, relevant) for g in groups]
+    combined: list[tuple[float, dict[str, int], dict[str, KernelEstimate]]] = [(0.0, {}, {})]
+    for options in ranked_groups:
+        if not options:
+            return []
+        combined = heapq.nsmallest(
+            keep,
+            ((t + t2, {**v, **v2}, {**e, **e2}) for t, v, e in combined for t2, v2, e2 in options),
+            key=lambda x: (x[0], tuple(sorted(x[1].items()))),
+        )
+    return [(values, Estimate([ests[k.id] for k in sg.kernels])) for _, values, ests in combined]
+
+
+def _symbol_groups(sg: SGraph, relevant: Mapping[str, list[str]]) -> list[tuple[list[str], frozenset[str]]]:
+    """(kernel ids, symbols) of each group of kernels connected by shared symbols."""
+    kernel_syms = {k: set(s) for k, s in relevant.items()}
+    for c in sg.info.constraints:
+        kernel_syms[c.kernel] |= c.expr.symbols
+    groups: list[tuple[list[str], set[str]]] = []
+    for k in (k.id for k in sg.kernels):
+        mine = kernel_syms[k]
+        joined = [g for g in groups if g[1] & mine]
+        merged = ([k], set(mine))
+        for g in joined:
+            groups.remove(g)
+            merged = (g[0] + merged[0], g[1] | merged[1])
+        groups.append(merged)
+    return [(ks, frozenset(s)) for ks, s in groups]
+
+
+def _rank_group(
+    sg: SGraph, target: Target, candidates: Mapping[str, list[int]] | None, keep: int, deadline: float | None,
+    group: tuple[list[str], frozenset[str]], relevant: Mapping[str, list[str]],
+) -> list[tuple[float, dict[str, int], dict[str, KernelEstimate]]]:
+    """The best assignments of one group's symbols. Symbols that several of its kernels share (a
+    merge kernel's loop tied to the chunks of the kernel before it) are enumerated; given their
+    values, each kernel's own symbols are ranked alone (variable elimination)."""
+    kernel_ids, symbols = group
+    kernels = [k for k in sg.kernels if k.id in kernel_ids]
+    cands = dict(candidates or divisor_candidates(sg))
+    own = {k.id: frozenset(relevant[k.id]) | frozenset(
+        s for c in sg.info.constraints if c.kernel == k.id for s in c.expr.symbols) for k in kernels}
+    shared = frozenset(s for s in symbols if sum(s in own[k.id] for k in kernels) > 1)
     cache: dict[tuple[str, tuple[tuple[str, int], ...]], KernelEstimate] = {}
+    clock = [0]
 
-    def scored() -> Iterator[tuple[float, tuple[tuple[str, int], ...], list[KernelEstimate]]]:
-        for n, values in enumerate(enumerate_assignments(sg, target, candidates)):
-            if deadline is not None and n and n % 256 == 0 and time.monotonic() > deadline:
-                return
-            inst = Instance(sg, values, target)
-            parts = []
-            for k in sg.kernels:
-                key = (k.id, tuple((s, values[s]) for s in relevant[k.id]))
-                if key not in cache:
-                    cache[key] = _library(inst, k) if isinstance(k, LibraryKernel) else _graph(inst, k)
-                parts.append(cache[key])
-            yield sum(p.time_s for p in parts), tuple(sorted(values.items())), parts
+    def expired() -> bool:
+        clock[0] += 1
+        return deadline is not None and clock[0] % 256 == 0 and time.time() > deadline
 
-    best = heapq.nsmallest(keep, scored(), key=lambda e: (e[0], e[1]))
-    return [(dict(values), Estimate(list(parts))) for _, values, parts in best]
+    def kernel_best(k: Kernel, fixed: Mapping[str, int]) -> list[tuple[float, dict[str, int], KernelEstimate]]:
+        pinned = {**cands, **{s: [v] for s, v in fixed.items()}}
+        scored = []
+        for values in enumerate_assignments(sg, target, pinned, symbols=own[k.id] | frozenset(fixed)):
+            if expired() and scored:
+                break
+            key = (k.id, tuple((s, values[s]) for s in relevant[k.id]))
+            if key not in cache:
+                inst = Instance(sg, values, target)
+                cache[key] = _library(inst, k) if isinstance(k, LibraryKernel) else _graph(inst, k)
+            scored.append((cache[key].time_s, values, cache[key]))
+        return heapq.nsmallest(keep, scored, key=lambda e: (e[0], tuple(sorted(e[1].items()))))
+
+    out: list[tuple[float, dict[str, int], dict[str, KernelEstimate]]] = []
+    for fixed in enumerate_assignments(sg, target, cands, symbols=shared):
+        combined: list[tuple[float, dict[str, int], dict[str, KernelEstimate]]] = [(0.0, dict(fixed), {})]
+        for k in kernels:
+            options = kernel_best(k, fixed)
+            if not options:
+                combined = []
+                break
+            combined = heapq.nsmallest(
+                keep,
+                ((t + t2, {**v, **v2}, {**e, k.id: e2}) for t, v, e in combined for t2, v2, e2 in options),
+                key=lambda x: (x[0], tuple(sorted(x[1].items()))),
+            )
+        out = heapq.nsmallest(keep, [*out, *combined], key=lambda x: (x[0], tuple(sorted(x[1].items()))))
+        if expired() and out:
+            break
+    return out
 
 
 def best_params(sg: SGraph, target: Target) -> dict[str, int]:

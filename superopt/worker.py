@@ -45,7 +45,8 @@ def default_optimize(program: Any, **options: Any) -> Result:
     """superopt.api.optimize, imported when first called (the worker module does not need it to load)."""
     from superopt.api import optimize
 
-    return optimize(program, **options)
+    # The worker looks the cache up and stores the result with the job's completion itself.
+    return optimize(program, cache=False, **options)
 
 
 def load_optimizer(spec: str | None) -> Optimize:
@@ -91,6 +92,7 @@ class Worker:
     def __init__(
         self, db: Database, *, optimize: Optimize | None = None, worker_id: str | None = None,
         lease_s: float = DEFAULT_LEASE_S, poll_s: float = 1.0, ray_address: str | None = None,
+        workers: int | None = None,
         log: Callable[[str], None] | None = None,
     ) -> None:
         self.queue = JobQueue(db, lease_s=lease_s)
@@ -100,6 +102,7 @@ class Worker:
         self.heartbeat_s = min(1.0, lease_s / 4)
         self.poll_s = poll_s
         self.ray_address = ray_address
+        self.workers = workers
         self.log = log or (lambda _line: None)
 
     def run(self, *, once: bool = False, only: Collection[int] | None = None,
@@ -151,7 +154,9 @@ class Worker:
             if beat.lost.is_set():
                 raise JobAborted
 
-        extra = {"ray_address": self.ray_address} if self.ray_address else {}
+        extra: dict[str, Any] = {"ray_address": self.ray_address} if self.ray_address else {}
+        if self.workers:
+            extra["workers"] = self.workers
         beat.start()
         try:
             result = self.optimize(

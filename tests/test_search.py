@@ -27,11 +27,6 @@ def private_cache(tmp_path, monkeypatch):
     monkeypatch.delenv("SUPEROPT_DB_URL", raising=False)
 
 
-def search(spec: str, h100, **config):
-    program = workloads.resolve(spec)
-    return program, run_search(program, h100, SearchConfig(**config), budget_s=120)
-
-
 def graph_kernels(sg) -> list[GraphKernel]:
     return [k for k in sg.kernels if isinstance(k, GraphKernel)]
 
@@ -40,9 +35,9 @@ def ops_of(k: GraphKernel, phase: str) -> list[str]:
     return sorted(o.op for o in getattr(k.block, phase))
 
 
-@pytest.mark.parametrize("name", ["rmsnorm_matmul", "gated_mlp", "rmsnorm_mlp", "lora", "ntrans"])
-def test_search_finds_a_schedule_as_good_as_the_reference(name, h100):
-    program, outcome = search(f"{name}:ci", h100)
+@pytest.mark.parametrize("name", list(workloads.WORKLOADS))
+def test_search_finds_a_schedule_as_good_as_the_reference(name, h100, searched):
+    program, outcome = searched(f"{name}:ci")
     ref = workloads.get(name).reference(program)
     ref_us = rank(ref, h100)[0].estimate.time_us
     best = outcome.best
@@ -53,10 +48,10 @@ def test_search_finds_a_schedule_as_good_as_the_reference(name, h100):
     assert not outcome.stats.budget_exhausted
 
 
-def test_rmsnorm_matmul_rediscovers_the_fused_family(h100):
+def test_rmsnorm_matmul_rediscovers_the_fused_family(searched):
     """One graph-defined kernel whose loop walks the hidden dim: both matmul operands walked, the
     product and the mean of squares accumulated, the division after the loop."""
-    _, outcome = search("rmsnorm_matmul:ci", h100)
+    _, outcome = searched("rmsnorm_matmul:ci")
     fused = [v.sgraph for v in outcome.verified if len(v.sgraph.kernels) == 1 and graph_kernels(v.sgraph)]
     assert fused
     families = []
@@ -68,8 +63,8 @@ def test_rmsnorm_matmul_rediscovers_the_fused_family(h100):
     assert (1, 0, ["mean", "sum"], True, ["add", "const", "div", "sqrt"]) in families
 
 
-def test_gated_mlp_rediscovers_the_fused_family(h100):
-    _, outcome = search("gated_mlp:ci", h100)
+def test_gated_mlp_rediscovers_the_fused_family(searched):
+    _, outcome = searched("gated_mlp:ci")
     best = outcome.best.sgraph
     (k,) = graph_kernels(best)
     assert len(best.kernels) == 1
@@ -98,32 +93,32 @@ def test_pruning_keeps_every_reference_block_graph(h100):
         assert (tuple(want[0]), len(want[1]), tuple(want[2])) in seen, name
 
 
-def test_attention_finds_a_fused_schedule_better_than_unfused(h100):
-    _, outcome = search("gqa:ci", h100, max_kernel_ops=2)
+def test_attention_finds_a_fused_schedule_better_than_unfused(searched):
+    _, outcome = searched("gqa:ci")
     best = outcome.best
     assert graph_kernels(best.sgraph)
     baseline = next(v for v in outcome.verified if v.sgraph.name.endswith(".unfused"))
     assert best.best.estimate.time_us < baseline.best.estimate.time_us
 
 
-def test_lora_fuses_into_one_proved_kernel(h100):
+def test_lora_fuses_into_one_proved_kernel(searched):
     """Neither Mirage nor Prism finds a kernel for LoRA; the whole block fits one launch here."""
-    _, outcome = search("lora:ci", h100)
+    _, outcome = searched("lora:ci")
     best = outcome.best.sgraph
     assert len(best.kernels) == 1 and graph_kernels(best)
     assert outcome.best.verdict.proved
 
 
-def test_same_input_gives_the_same_winner(h100):
-    _, first = search("gqa:ci", h100, max_kernel_ops=2)
-    _, second = search("gqa:ci", h100, max_kernel_ops=2)
+def test_same_input_gives_the_same_winner(h100, searched):
+    program, first = searched("gqa:ci")
+    second = run_search(program, h100, SearchConfig(), budget_s=120)
     assert first.best.sgraph.dumps() == second.best.sgraph.dumps()
     assert first.best.best.params == second.best.best.params
     assert first.stats.states == second.stats.states
 
 
-def test_symbolic_search_visits_fewer_states_than_concrete(h100):
-    _, symbolic = search("rmsnorm_matmul:ci", h100, max_kernel_ops=1)
+def test_symbolic_search_visits_fewer_states_than_concrete(h100, searched):
+    _, symbolic = searched("rmsnorm_matmul:ci", max_kernel_ops=1)
     program = workloads.resolve("rmsnorm_matmul:ci")
     concrete = run_search(program, h100, SearchConfig(max_kernel_ops=1, concrete=True),
                           max_states=5 * symbolic.stats.states)

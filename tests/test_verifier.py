@@ -23,7 +23,7 @@ from superopt.verifier import constraints, finite_field
 from superopt.verifier import terms as t
 from superopt.verifier.egraph import prove
 from superopt.verifier.lowering import lower_program, lower_sgraph
-from superopt.verifier.oracle import C, Oracle, abstract_sgraph, mk
+from superopt.verifier.oracle import C, Oracle, abstract_program, abstract_sgraph, factors_of, mk
 from superopt.verifier.rules import RULES
 from superopt.verifier.term_eval import Bindings, agree
 from superopt.verifier.verify import verify
@@ -383,6 +383,56 @@ def test_oracle_prunes_foreign_expressions():
     assert not oracle.contains(mk("exp", x))
     assert not oracle.contains(mk("sum", k, mk("mul", x, x)))
     assert not oracle.contains(mk("sum", 0, mk("mul", x, w1)))  # the right product, summed over the wrong dim
+
+
+def test_oracle_lookup_finds_every_term_the_saturated_egraph_holds():
+    """The hash-cons read back from egglog: a term built from any e-node (children by any member
+    of their class) is found in that node's class, and the axioms' variants of the target are
+    equivalent to it; changing one leaf makes the term unknown."""
+    program = workloads.resolve("rmsnorm_matmul:ci")
+    oracle = Oracle(program)
+    target = abstract_program(program)[program.outputs[0]][0]
+    terms = {}  # one member term per e-class, built bottom-up from the e-nodes
+    nodes = oracle._nodes
+    for _ in range(len(nodes)):
+        for key, cls in nodes.items():
+            if cls in terms:
+                continue
+            op, *args = key
+            if op in ("inp", "c", "k"):
+                terms[cls] = key
+            elif op in ("sum", "max") and args[0] in terms:
+                terms[cls] = (op, args[1], terms[args[0]])
+            elif op not in ("sum", "max") and all(a in terms for a in args):
+                terms[cls] = (op, *(terms[a] for a in args))
+    assert len(terms) == len(set(nodes.values())) >= 10
+    for cls, term in terms.items():
+        assert oracle.class_of(term) == cls and oracle.contains(term)
+    x, w = ("inp", "X"), ("inp", "W")
+    ms = mk("add", mk("sum", 1, mk("mul", x, x)), C)
+    assert oracle.equivalent(target, 0)
+    assert oracle.equivalent(mk("div", mk("sum", 1, mk("mul", w, x)), mk("sqrt", ms)), 0)  # commuted
+    assert oracle.equivalent(mk("sum", 1, mk("div", mk("mul", x, w), mk("sqrt", ms))), 0)  # / moved into the sum
+    assert not oracle.contains(mk("div", mk("sum", 1, mk("mul", w, w)), mk("sqrt", ms)))
+
+
+def test_constant_factors_are_leaves_the_oracle_places():
+    """Attention's 1/sqrt(d) scaling is a factor of its own, not absorbed: the oracle admits it
+    where the target's equivalent forms carry it (the normalized query, or the query itself, since
+    (Q c) / |Q| = (Q / |Q|) c), never on the values."""
+    program = workloads.resolve("qknorm_gqa:ci")
+    assert factors_of(program) == frozenset({0.25})
+    oracle = Oracle(program)
+    alg = oracle.alg
+    q, k, v = ("inp", "Q"), ("inp", "K"), ("inp", "V")
+    factor = alg.const(0.25)[0]
+    assert factor == ("k", "0.25") and alg.const(1e-6)[0] == C
+    norm_q = abstract_program(program)["rms_norm_1"][0]
+    assert oracle.contains(mk("mul", norm_q, factor))
+    assert oracle.contains(mk("mul", q, factor))
+    assert not oracle.contains(mk("mul", v, factor))
+    assert not oracle.contains(mk("mul", mk("mul", norm_q, factor), factor))  # applied once
+    assert oracle.contains(v) and oracle.contains(k)
 
 
 def test_verify_command_line(tmp_path):

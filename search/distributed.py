@@ -1,0 +1,124 @@
+"""Distributed search on Ray: a depth's shards run as Ray tasks; the driver merges their results.
+
+Each task runs one shard (`superopt.search.driver.Shard`: the first kernel's choice and a part of
+its block graphs). A worker process keeps one `Searcher` per job — the oracle is saturated once
+and the memoized block graphs are reused by every shard of that job the worker runs. Results merge
+in a total order, so 1 and N workers return the same verified set and winner. A worker that dies
+mid-shard costs a retry (Ray re-runs the task, `max_retries`); a shard that raises fails the search
+with its error (`ShardFailed` names the shard), never silently.
+
+Ray starts locally on demand (dashboard off, `num_cpus` = workers) unless an address is given
+(`ray start --head` elsewhere, then `--ray-address HOST:PORT` or `auto`). A job that is small by an
+estimate (few program ops and inputs) runs in-process: starting Ray costs seconds.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from superopt.config import SearchConfig
+from superopt.program import Program
+from superopt.result import SearchStats
+from superopt.search.driver import Outcome, Progress, Searcher, Shard, ShardResult, run_search
+from superopt.search.space import space_of
+from superopt.targets import Target
+
+SMALL_JOB = 6  # block ops x program inputs at or below which Ray is not worth starting
+PARTS_PER_WORKER = 2  # block-graph parts per first-kernel choice and worker (balances the shards)
+FAULT_KILL_ONCE = "SUPEROPT_FAULT_KILL_ONCE"  # test equipment: a file path; see _maybe_die
+
+
+class ShardFailed(RuntimeError):
+    """A shard raised: the search cannot claim to have covered its space."""
+
+
+def is_small(program: Program) -> bool:
+    return len(space_of(program).block_ops) * len(program.inputs) <= SMALL_JOB
+
+
+def run_distributed(
+    program: Program, target: Target, config: SearchConfig, *, budget_s: float | None = None,
+    max_states: int | None = None, progress: Progress | None = None, workers: int | None = None,
+    address: str | None = None,
+) -> Outcome:
+    workers = workers or os.cpu_count() or 1
+    if is_small(program) and address is None:
+        stats = SearchStats(symbolic=not config.concrete, executor="in-process (small job)")
+        return run_search(program, target, config, budget_s=budget_s, max_states=max_states, progress=progress,
+                          stats=stats)
+    ray = _ray(workers, address)
+    task = ray.remote(max_retries=3)(_run_shard)
+    program_ref = ray.put(program.to_json())
+    job = uuid.uuid4().hex  # a rerun of the same program is a new job: it starts from a fresh Searcher
+    env_fault = os.environ.get(FAULT_KILL_ONCE)
+
+    def executor(shards: list[Shard], deadline: float, states_left: int | None) -> Iterator[ShardResult]:
+        pending = {
+            task.remote(job, program_ref, target, config, shard, deadline, states_left, env_fault): shard
+            for shard in shards
+        }
+        while pending:
+            done, _ = ray.wait(list(pending), num_returns=1)
+            shard = pending.pop(done[0])
+            try:
+                yield ray.get(done[0])
+            except ray.exceptions.RayTaskError as e:
+                for ref in pending:
+                    ray.cancel(ref)
+                raise ShardFailed(f"shard {_describe(shard)} failed: {e.cause!r}") from None
+
+    stats = SearchStats(symbolic=not config.concrete, workers=workers, executor="ray")
+    return run_search(program, target, config, budget_s=budget_s, max_states=max_states, progress=progress,
+                      executor=executor, parts=workers * PARTS_PER_WORKER, stats=stats)
+
+
+def _ray(workers: int, address: str | None) -> Any:
+    import ray
+
+    if not ray.is_initialized():
+        if address:
+            ray.init(address=address, log_to_driver=False)
+        else:
+            ray.init(num_cpus=workers, include_dashboard=False, log_to_driver=False)
+    return ray
+
+
+def _describe(shard: Shard) -> str:
+    kind, what = shard.choice
+    parts = f", part {shard.part[1] + 1}/{shard.part[0]}" if shard.part[0] > 1 else ""
+    return f"depth {shard.depth}, first kernel {kind} {what}{parts}"
+
+
+_SEARCHERS: dict[str, Searcher] = {}  # per worker process: the Searcher of the job it last ran
+
+
+def _run_shard(
+    job: str, program_json: dict[str, Any], target: Target, config: SearchConfig, shard: Shard,
+    deadline: float, max_states: int | None, fault_file: str | None,
+) -> ShardResult:
+    """Run one shard in a Ray worker, reusing this process's Searcher for the job."""
+    searcher = _SEARCHERS.get(job)
+    if searcher is None:
+        _SEARCHERS.clear()  # one job at a time per worker process: keep memory bounded
+        searcher = _SEARCHERS[job] = Searcher(Program.from_json(program_json), target, config)
+    _maybe_die(fault_file, shard)
+    return searcher.run(shard, deadline, max_states)
+
+
+def _maybe_die(fault_file: str | None, shard: Shard) -> None:
+    """Test equipment for fault tolerance: when FAULT_KILL_ONCE names a file that does not exist
+    yet, the first graph shard to get here creates it and kills its own worker process, as a
+    crash would; Ray then retries the shard on a live worker."""
+    if not fault_file or shard.choice[0] != "graph":
+        return
+    marker = Path(fault_file)
+    try:
+        with marker.open("x") as f:
+            f.write(_describe(shard))
+    except FileExistsError:
+        return
+    os._exit(1)
