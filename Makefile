@@ -22,8 +22,10 @@ test: $(STAMP)
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 
+# superopt/ as the installed package; search/, verifier/ and db/ from their source folders.
 typecheck: $(STAMP)
-	$(PY) scripts/typecheck.py
+	$(PY) -m mypy -p superopt
+	$(PY) -m mypy search verifier db
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache .mypy_cache

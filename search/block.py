@@ -39,6 +39,7 @@ from superopt.sizes import Size
 from superopt.verifier.oracle import AE, AV, AbstractAlgebra, Oracle
 
 T = TypeVar("T")
+OpRanks = tuple[tuple[str, int], ...]  # ops with their canonical ranks
 UNIT = -1  # the class of a size-1 dim: broadcasts against anything, never split
 MAX_ACCUMULATORS = 3  # per block graph, as in Mirage's generator
 MAX_OUTPUTS = 2  # per block graph (flash decoding writes partial numerators and denominators)
@@ -154,7 +155,7 @@ class Generator:
         self._memo: dict[tuple[Any, ...], AV | None] = {}
         self._post_memo: dict[tuple[Any, ...], tuple[int, list[tuple[Any, ...]]]] = {}
         self._bodies: dict[BlockState, Lazy[tuple[int, BlockState]]] = {}
-        self._pair_memo: dict[tuple[Any, ...], tuple[tuple[tuple[str, int], ...], ...]] = {}
+        self._pair_memo: dict[tuple[Any, ...], tuple[OpRanks, OpRanks]] = {}
         self._ids: dict[AE, int] = {}
         self._exprs: list[AE] = []
         self._subterms: dict[tuple[int, int], bool] = {}
@@ -189,8 +190,9 @@ class Generator:
         ops (body and post-loop together).
 
         `part` = (parts, index) keeps only the accumulator signatures whose stable digest falls in
-        this part: distributed search splits one block space across workers this way, and since a
-        signature's bodies all land in one part, each part prunes exactly as one process would."""
+        this part: distributed search splits one block space across workers this way. Every part
+        walks the same loop bodies (memoized per process), so each prunes exactly as one process
+        would."""
         for digest, state in self._accumulated(start):
             if part[0] == 1 or digest % part[0] == part[1]:
                 yield from self._posts(state)
@@ -324,7 +326,7 @@ class Generator:
                 continue
             yield from self._try(s, op, args, ())
 
-    def _pair_ops(self, a: Tile, b: Tile) -> tuple[tuple[tuple[str, int], ...], tuple[tuple[str, int], ...]]:
+    def _pair_ops(self, a: Tile, b: Tile) -> tuple[OpRanks, OpRanks]:
         """The binary ops (with their ranks) whose result on these operands the oracle admits, and
         those it rejects. The hot path of the whole search: a state has a few dozen operand pairs,
         mostly rejected, and the same operand values recur in thousands of states."""

@@ -235,7 +235,7 @@ class KernelSearch:
                     continue
                 if final and not needed <= set().union(*(_leaves(s.tensors[i].ae) for i in subset)):
                     continue  # the last kernel must see every program input its outputs read
-                chunks = {s.tensors[i].chunk.axis for i in subset if s.tensors[i].chunk is not None}
+                chunks = {c.axis for i in subset if (c := s.tensors[i].chunk) is not None}
                 if len(chunks) > 1:
                     continue
                 tie = next(((c.axis, c.size) for i in subset if (c := s.tensors[i].chunk) is not None), None)

@@ -61,7 +61,7 @@ def emit_json(data: Any) -> None:
 @user_errors
 def programs(as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False) -> None:
     """List the built-in workloads and their shapes."""
-    rows = []
+    rows: list[dict[str, Any]] = []
     for w in workloads.WORKLOADS.values():
         for label in w.shapes:
             p = w.program(label)

@@ -283,7 +283,7 @@ def _rank_group(
 
     def kernel_best(k: Kernel, fixed: Mapping[str, int]) -> list[tuple[float, dict[str, int], KernelEstimate]]:
         pinned = {**cands, **{s: [v] for s, v in fixed.items()}}
-        scored = []
+        scored: list[tuple[float, dict[str, int], KernelEstimate]] = []
         for values in enumerate_assignments(sg, target, pinned, symbols=own[k.id] | frozenset(fixed)):
             if expired() and scored:
                 break

@@ -79,16 +79,16 @@ def instantiate(sg: SGraph, values: Mapping[str, int], target: Target) -> Instan
             raise InstantiationError(f"parameter {name}={v!r} must be a positive integer")
     ordered = sorted(info.constraints, key=lambda c: ("divides", "blocks", "smem").index(c.kind))
     for c in ordered:
-        v = c.expr.evaluate(values)
-        if c.kind == "divides" and (v.denominator != 1 or v < 1):
-            raise InstantiationError(f"constraint violated: {c.describe()} (it gives {v})", c)
-        if c.kind == "blocks" and v > target.max_blocks:
+        got = c.expr.evaluate(values)
+        if c.kind == "divides" and (got.denominator != 1 or got < 1):
+            raise InstantiationError(f"constraint violated: {c.describe()} (it gives {got})", c)
+        if c.kind == "blocks" and got > target.max_blocks:
             raise InstantiationError(
-                f"constraint violated: kernel {c.kernel}: {int(v)} blocks exceed the cap of {target.max_blocks}", c
+                f"constraint violated: kernel {c.kernel}: {int(got)} blocks exceed the cap of {target.max_blocks}", c
             )
-        if c.kind == "smem" and v > target.smem_per_block:
+        if c.kind == "smem" and got > target.smem_per_block:
             raise InstantiationError(
-                f"constraint violated: kernel {c.kernel}: shared memory {int(v)} bytes exceeds "
+                f"constraint violated: kernel {c.kernel}: shared memory {int(got)} bytes exceeds "
                 f"{target.name}'s {target.smem_per_block} bytes per block", c
             )
     return Instance(sg, dict(values), target)

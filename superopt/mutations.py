@@ -8,7 +8,7 @@ program are returned; whether a variant is really wrong is for the interpreter t
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import replace
 
 from superopt import ops
@@ -97,7 +97,7 @@ def _block_variants(sg: SGraph, k: GraphKernel) -> Iterator[tuple[str, BlockGrap
             if f2 != inp.fmap:
                 yield f"input {inp.id} fmap {inp.fmap} -> {f2}", with_input(fmap=f2)
     for n, acc in enumerate(b.accumulators):
-        kinds = [(kind, None) for kind in ("sum", "mean") if kind != acc.kind]
+        kinds: list[tuple[str, int | None]] = [(kind, None) for kind in ("sum", "mean") if kind != acc.kind]
         if acc.kind != "concat":
             kinds += [("concat", d) for d in range(len(sg.info.blocks[k.id].shapes[acc.source]))]
         for kind, dim in kinds:
@@ -119,7 +119,7 @@ def _block_variants(sg: SGraph, k: GraphKernel) -> Iterator[tuple[str, BlockGrap
             for what, new in _op_variants(op):
                 changed = list(ops_)
                 changed[n] = new
-                yield f"{phase} op {op.id}: {what}", replace(b, **{phase: tuple(changed)})
+                yield f"{phase} op {op.id}: {what}", _with_ops(b, phase, changed)
             if op.inputs:
                 yield f"{phase} op {op.id} ({op.op}) dropped", _drop(b, phase, n)
             for extra in _INSERTED:
@@ -130,7 +130,7 @@ def _block_variants(sg: SGraph, k: GraphKernel) -> Iterator[tuple[str, BlockGrap
                     ins = list(op.inputs)
                     ins[j] = other
                     changed[n] = replace(op, inputs=tuple(ins))
-                    yield f"{phase} op {op.id} reads {other} instead of {src}", replace(b, **{phase: tuple(changed)})
+                    yield f"{phase} op {op.id} reads {other} instead of {src}", _with_ops(b, phase, changed)
     for n, acc in enumerate(b.accumulators):
         for other in _same_shape(sg, k, acc.source, "body"):
             accs = list(b.accumulators)
@@ -169,7 +169,7 @@ def _insert_after(b: BlockGraph, phase: str, n: int, op: str) -> BlockGraph:
     fixed = _rename_readers(b, target, new.id)
     ops2 = list(getattr(fixed, phase))
     ops2.insert(n + 1, new)
-    return replace(fixed, **{phase: tuple(ops2)})
+    return _with_ops(fixed, phase, ops2)
 
 
 def _rename_readers(b: BlockGraph, old: str, new: str) -> BlockGraph:
@@ -200,4 +200,9 @@ def _drop(b: BlockGraph, phase: str, n: int) -> BlockGraph:
     """Remove op n; its readers read its first operand instead."""
     gone = getattr(b, phase)[n]
     fixed = _rename_readers(b, gone.id, gone.inputs[0])
-    return replace(fixed, **{phase: tuple(o for o in getattr(fixed, phase) if o.id != gone.id)})
+    return _with_ops(fixed, phase, [o for o in getattr(fixed, phase) if o.id != gone.id])
+
+
+def _with_ops(b: BlockGraph, phase: str, ops: Sequence[BlockOp]) -> BlockGraph:
+    """`b` with its loop-body ("body") or post-loop ("post") ops replaced."""
+    return replace(b, body=tuple(ops)) if phase == "body" else replace(b, post=tuple(ops))

@@ -80,7 +80,9 @@ def apply(alg: Algebra[V], op: str, args: Sequence[V], attrs: Mapping[str, Any],
         return alg.const(attrs["value"])
     if op in _PRIMITIVE_BINARY:
         return getattr(alg, op)(args[0], args[1])
-    x = args[0] if args else None
+    if not args:
+        raise ValueError(f"op {op!r} needs an operand")
+    x = args[0]
     if op in ("neg", "exp", "sqrt", "relu"):
         return getattr(alg, op)(x)
     if op == "square":

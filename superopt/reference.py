@@ -78,7 +78,7 @@ class FloatAlgebra(ArrayAlgebra[np.ndarray]):
         return np.maximum(a, 0).astype(self.ftype)
 
     def sum(self, a: np.ndarray, dim: int, keepdim: bool) -> np.ndarray:
-        return np.sum(a, axis=dim, keepdims=keepdim, dtype=self.ftype)
+        return np.asarray(np.sum(a, axis=dim, keepdims=keepdim, dtype=self.ftype))
 
     def max(self, a: np.ndarray, dim: int, keepdim: bool) -> np.ndarray:
         return np.max(a, axis=dim, keepdims=keepdim).astype(self.ftype)

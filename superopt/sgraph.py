@@ -377,10 +377,10 @@ def _analyze_block(
             if not 0 <= inp.fmap < len(full):
                 raise SGraphError(f"{where}: {w}: fmap dim {inp.fmap} is out of range for rank {len(full)}")
             split.setdefault(inp.fmap, []).append(loop)
-        tile = []
+        in_tile: list[Size] = []
         for d, n in enumerate(full):
             factor = product(split.get(d, []))
-            tile.append(n / factor)
+            in_tile.append(n / factor)
             if d in split:
                 axes = [a.name for a, m in zip(b.grid, inp.imap, strict=True) if m == d]
                 if inp.fmap == d:
@@ -389,7 +389,7 @@ def _analyze_block(
                     "divides", n / factor, k.id,
                     f"{w} dim {d} ({n}) must divide evenly by {' and '.join(axes)} ({factor})",
                 ))
-        define(inp.id, "input", tuple(tile))
+        define(inp.id, "input", tuple(in_tile))
     for op in b.body:
         _block_op(op, "body", ("input", "body"), tiles, define, use, where)
     if not b.accumulators:
@@ -421,14 +421,14 @@ def _analyze_block(
             raise SGraphError(f"{where}: {w}: omap has {len(out.omap)} entries for {len(b.grid)} grid axes")
         if len(set(out.omap)) != len(out.omap):
             raise SGraphError(f"{where}: {w}: omap sends two grid axes to one dim (blocks would overlap)")
-        full = list(tile)
+        whole = list(tile)
         for a, d in zip(b.grid, out.omap, strict=True):
             if d is None or not 0 <= d < len(tile):
                 raise SGraphError(
                     f"{where}: {w}: omap sends axis {a.name} to dim {d}, out of range for rank {len(tile)}"
                 )
-            full[d] = full[d] * a.size
-        shapes[out.tensor] = tuple(full)
+            whole[d] = whole[d] * a.size
+        shapes[out.tensor] = tuple(whole)
         dtypes[out.tensor] = dt
     for tid, users in consumers.items():
         if not users:

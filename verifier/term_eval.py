@@ -50,13 +50,13 @@ def evaluate(t: Term, b: Bindings, idx: Mapping[str, int] | None = None) -> np.n
     if op == "inp":
         return _tensor(b.tensors[str(params[0])], idx)
     if op == "const":
-        return np.asarray(float(params[0]))  # type: ignore[arg-type]
+        return np.asarray(float(str(params[0])))
     kids = t.children
     if op in ("sum_over", "mean_over", "cat_over"):
         axis = str(params[-1])
         parts = [evaluate(kids[0], b, {**idx, axis: i}) for i in range(b.sizes[axis])]
         if op == "cat_over":
-            return np.concatenate(parts, axis=int(params[0]))  # type: ignore[arg-type]
+            return np.concatenate(parts, axis=_int(params[0]))
         total = np.sum(parts, axis=0)
         return total / len(parts) if op == "mean_over" else total
     vals = [evaluate(c, b, idx) for c in kids]
@@ -64,13 +64,16 @@ def evaluate(t: Term, b: Bindings, idx: Mapping[str, int] | None = None) -> np.n
         fn = {"add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.divide}[op]
         return fn(vals[0], vals[1])
     if op in ("neg", "exp", "sqrt", "relu"):
-        fn1 = {"neg": np.negative, "exp": np.exp, "sqrt": np.sqrt, "relu": lambda x: np.maximum(x, 0.0)}[op]
+        unary: dict[str, Callable[[np.ndarray], np.ndarray]] = {
+            "neg": np.negative, "exp": np.exp, "sqrt": np.sqrt, "relu": lambda x: np.maximum(x, 0.0),
+        }
+        fn1 = unary[op]
         return fn1(vals[0])
     x = vals[0]
     if op in ("sum", "mean", "max"):
-        return getattr(np, op)(x, axis=int(params[0]), keepdims=True)  # type: ignore[arg-type]
+        return getattr(np, op)(x, axis=_int(params[0]), keepdims=True)
     if op in ("bcast", "squeeze"):
-        d = int(params[0])  # type: ignore[arg-type]
+        d = _int(params[0])
         if -d <= x.ndim and x.shape[d] != 1:
             raise EvalError(f"{op} on dim {d} of shape {x.shape}, which is not 1")
         return np.squeeze(x, axis=d) if op == "squeeze" else x
@@ -81,7 +84,7 @@ def evaluate(t: Term, b: Bindings, idx: Mapping[str, int] | None = None) -> np.n
     if op == "reshape":
         return np.reshape(x, [int(v) for v in str(params[0]).split(",")])
     if op == "part":
-        d, axis = int(params[0]), str(params[1])  # type: ignore[arg-type]
+        d, axis = _int(params[0]), str(params[1])
         n, k = x.shape[d], b.sizes[axis]
         if n % k:
             raise EvalError(f"part of dim {d} (size {n}) into {k} tiles")
@@ -106,3 +109,10 @@ def agree(lhs: Term, rhs: Term, b: Bindings, free: list[str], rtol: float = 1e-9
         if x.shape != y.shape or not np.allclose(x, y, rtol=rtol, atol=1e-12):
             return False
     return True
+
+
+def _int(param: object) -> int:
+    """An integer term parameter (dims are stored as ints, sometimes as their text)."""
+    if not isinstance(param, int | str):
+        raise EvalError(f"expected an integer parameter, got {param!r}")
+    return int(param)
