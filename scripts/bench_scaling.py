@@ -1,13 +1,13 @@
 """Search time with the in-process executor, 1 Ray worker and 2 Ray workers, in one run.
 
-For one workload (default: rmsnorm_mlp:ci, the slowest built-in search that completes in well
-under a minute; at published shapes rmsnorm_mlp and gqa are budget-bound, which would time the
-budget): the search is repeated `--repeat` times per executor and the median reported, with the
-speedup 1 -> 2 workers, and Ray's fixed costs: starting a local cluster, and the extra
-time a tiny job takes through Ray compared with in-process. Each Ray configuration gets a fresh
-local cluster (num_cpus = workers), so worker processes start cold every time.
+For one workload (default: qknorm_gqa:ci, the slowest built-in search that completes; at published
+shapes rmsnorm_mlp, gqa and qknorm_gqa are budget-bound, which would time the budget): the search
+is repeated `--repeat` times per executor and the median reported, with the speedup 1 -> 2
+workers, and Ray's fixed costs: starting a local cluster, and the extra time a tiny job takes
+through Ray compared with in-process. Each Ray configuration gets a fresh local cluster
+(num_cpus = workers), so worker processes start cold every time.
 
-    .venv/bin/python scripts/bench_scaling.py [--workload rmsnorm_mlp:ci] [--repeat 3] [--json out/bench_scaling.json]
+    .venv/bin/python scripts/bench_scaling.py [--workload qknorm_gqa:ci] [--repeat 3] [--json out/bench_scaling.json]
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ def tiny() -> Program:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--workload", default="rmsnorm_mlp:ci")
+    ap.add_argument("--workload", default="qknorm_gqa:ci")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--budget-s", type=float, default=600.0)
     ap.add_argument("--json", default="out/bench_scaling.json")

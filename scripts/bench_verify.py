@@ -55,9 +55,9 @@ def bench(name: str, with_mutants: bool) -> dict[str, object]:
     oracle = Oracle(program)
     ci_program, ci_ref = workloads.reference_for(f"{name}:ci")
     variants = mutants(ci_ref, ci_program)
-    exprs = {e for _, _, e in abstract_sgraph(ref)}
+    exprs = {e for _, _, e in abstract_sgraph(ref, program)}
     for _, m in variants:
-        exprs |= {e for _, _, e in abstract_sgraph(m)}
+        exprs |= {e for _, _, e in abstract_sgraph(m, ci_program)}
     lookups = []
     for e in exprs:
         t0 = time.perf_counter()
