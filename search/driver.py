@@ -200,6 +200,7 @@ def run_search(
             report("verify")
         if stats.budget_exhausted:
             break
+        stats.depth = depth
     stats.seconds = time.monotonic() - t0
     stats.peak_rss_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     report("done")

@@ -125,7 +125,8 @@ def _verified_sgraphs(
                     verified.append(Verified(sg, verdict, r))
             stats.verified = len(verified)
             stats.seconds = time.monotonic() - t0
-            if any(not v.sgraph.name.endswith(".unfused") for v in verified):
+            stats.depth = int(earlier.get("depth", 0))
+            if _reuse_is_complete(program, choice.target, config, verified, stats.depth):
                 return Outcome(verified, stats)
     if (workers is not None and workers > 1) or ray_address:
         from superopt.search.distributed import run_distributed
@@ -140,6 +141,19 @@ def _verified_sgraphs(
     if outcome.verified:
         store.save(program, config, [v.sgraph for v in outcome.verified], outcome.stats.to_json())
     return outcome
+
+
+def _reuse_is_complete(program: Program, target: Target, config: SearchConfig, verified: list[Any], depth: int) -> bool:
+    """Can the re-instantiated sGraphs stand for a search at this shape? The earlier search covered
+    kernel graphs up to `depth` kernels; deeper ones pay at least one more launch over the physical
+    floor, and where shapes are larger (a bigger floor, so more room above it) they may now win:
+    then the program is searched again."""
+    if not any(not v.sgraph.name.endswith(".unfused") for v in verified):
+        return False
+    if depth >= config.max_kernel_ops:
+        return True
+    best = min(v.best.estimate.time_s for v in verified)
+    return best <= costmodel.floor(program, target).time_s + (depth + 1) * target.launch_overhead_s
 
 
 def _result(program: Program, choice: TargetChoice, outcome: Any) -> Result:

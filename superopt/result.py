@@ -141,6 +141,7 @@ class SearchStats:
     symbolic: bool = True
     reused: bool = False  # verified sGraphs of an earlier search re-instantiated for this shape
     budget_exhausted: bool = False
+    depth: int = 0  # kernel counts searched completely: 1..depth (deeper ones were bounded out or not reached)
     peak_rss_mib: float = 0.0
     workers: int = 1
     executor: str = "in-process"
