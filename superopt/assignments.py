@@ -101,7 +101,36 @@ def enumerate_assignments(
 
 
 def first_assignment(sg: SGraph, target: Target) -> dict[str, int] | None:
-    return next(enumerate_assignments(sg, target, limit=1), None)
+    """The first valid assignment (the same one the full enumeration meets first), or None.
+    Symbols that share no constraint are independent, so each group is solved on its own: a
+    kernel whose constraints no values meet fails at once instead of after a walk over the
+    product of every other kernel's candidates."""
+    out: dict[str, int] = {}
+    for group in independent_groups(sg) or [frozenset()]:  # no symbols: the constant constraints alone
+        found = next(enumerate_assignments(sg, target, limit=1, symbols=group), None)
+        if found is None:
+            return None
+        out.update(found)
+    return out
+
+
+def independent_groups(sg: SGraph) -> list[frozenset[str]]:
+    """The symbols split into groups that no constraint connects (connected components)."""
+    parent = {s: s for s in sg.symbols}
+
+    def find(s: str) -> str:
+        while parent[s] != s:
+            s = parent[s]
+        return s
+
+    for c in sg.info.constraints:
+        names = sorted(c.expr.symbols)
+        for s in names[1:]:
+            parent[find(s)] = find(names[0])
+    groups: dict[str, set[str]] = {}
+    for s in sg.symbols:
+        groups.setdefault(find(s), set()).add(s)
+    return [frozenset(g) for _, g in sorted(groups.items())]
 
 
 def size_of(expr: Size, values: Mapping[str, int]) -> int:

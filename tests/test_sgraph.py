@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from superopt import Program, workloads
-from superopt.assignments import candidates, enumerate_assignments
+from superopt.assignments import candidates, enumerate_assignments, first_assignment, independent_groups
 from superopt.build import SGraphBuilder, unfused_baseline
 from superopt.dtypes import dtype
 from superopt.instantiate import InstantiationError, instantiate, parse_params
@@ -248,6 +248,23 @@ MALFORMED = [
     (lambda k: k["inputs"][0].update(tensor="Q"), "tensor 'Q' is not defined before this kernel"),
     (lambda k: k["grid"][0].update(size="gx+1"), "must be a positive product of symbols"),
 ]
+
+
+def test_first_assignment_solves_independent_groups_alone(h100):
+    """Split by constraint-connected groups, the first valid assignment is still the one the full
+    enumeration meets first; a group that nothing satisfies means no assignment at all."""
+    from dataclasses import replace
+
+    for name in workloads.WORKLOADS:
+        for spec in (name, f"{name}:ci"):
+            _, sg = workloads.reference_for(spec)
+            assert first_assignment(sg, h100) == next(enumerate_assignments(sg, h100, limit=1), None), spec
+    _, gqa = workloads.reference_for("gqa")
+    groups = independent_groups(gqa)
+    assert frozenset().union(*groups) == gqa.symbols and sum(map(len, groups)) == len(gqa.symbols)
+    for c in gqa.info.constraints:
+        assert sum(1 for g in groups if c.expr.symbols & g) <= 1  # no constraint spans two groups
+    assert first_assignment(gqa, replace(h100, max_blocks=0)) is None
 
 
 @pytest.mark.parametrize("mutate,message", MALFORMED)
