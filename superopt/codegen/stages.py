@@ -214,14 +214,20 @@ def _guarded(cond: str, stmts: list[str]) -> list[str]:
     return [f"if ({cond}) {{", *indent(stmts), "}"] if cond else stmts
 
 
-def reduction(ctx: KernelContext, op: BlockOp) -> Stage:
-    """sum / mean / max over one dim (keepdim or not: the output is laid out row by row either way)."""
+def _rows_of(ctx: KernelContext, op: BlockOp) -> tuple[str, tuple[int, ...], int, int, int, int]:
+    """An op along one dim of its operand's tile: the operand, its tile shape, the dim, its extent,
+    the number of rows (everything else) and the lanes that share a row."""
     x = op.inputs[0]
     shape = ctx.tile(x)
     dim = normalize_dim(op.attrs["dim"], len(shape))
     extent = shape[dim]
     rows = math.prod(shape) // extent
-    lanes = lanes_for(rows, extent)
+    return x, shape, dim, extent, rows, lanes_for(rows, extent)
+
+
+def reduction(ctx: KernelContext, op: BlockOp) -> Stage:
+    """sum / mean / max over one dim (keepdim or not: the output is laid out row by row either way)."""
+    x, shape, dim, extent, rows, lanes = _rows_of(ctx, op)
     vals = Values(Space.rows(shape, dim), ctx.ref)
     v = vals.of(x)
     is_max = op.op == "max"
@@ -236,12 +242,7 @@ def reduction(ctx: KernelContext, op: BlockOp) -> Stage:
 
 def normalization(ctx: KernelContext, op: BlockOp) -> Stage:
     """rms_norm (x / sqrt(mean(x*x) + eps)) or softmax (exp(x - max) / sum) along one dim."""
-    x = op.inputs[0]
-    shape = ctx.tile(x)
-    dim = normalize_dim(op.attrs["dim"], len(shape))
-    extent = shape[dim]
-    rows = math.prod(shape) // extent
-    lanes = lanes_for(rows, extent)
+    x, shape, dim, extent, rows, lanes = _rows_of(ctx, op)
     out = ctx.smem(op.id)
     space_out = Space.rows(shape, dim)
     out_index = space_out.index(ctx.tile(op.id))
