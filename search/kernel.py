@@ -169,6 +169,11 @@ class KernelSearch:
             if cand is not None:
                 yield cand
             return
+        if state.kernels and not self._missing(state):
+            # Every output is computed already: further kernels could only recompute one from it,
+            # the same graph with more launches (the shallower depth has the graph without them).
+            self.pruned += 1
+            return
         for nxt in self.moves(state, final=len(state.kernels) == depth - 1):
             yield from self._at_depth(nxt, depth)
 
@@ -186,6 +191,25 @@ class KernelSearch:
                        for t in s.tensors)
         ]
 
+    def _unused(self, s: KState) -> list[set[int]]:
+        """For each kernel whose outputs neither a later kernel reads nor matches a program output,
+        the indices of its output tensors: the last kernel must read one of each, or that kernel
+        would not contribute (a candidate needs every kernel; checked early, it saves whole
+        searches of the last kernel over the program's raw inputs)."""
+        index = {t.id: n for n, t in enumerate(s.tensors)}
+        read = {i for k in s.kernels for i in k.tensor_inputs}
+        out = []
+        for k in s.kernels:
+            produced = {index[o] for o in k.outputs}
+            if read & set(k.outputs) or any(
+                s.tensors[n].chunk is None and s.tensors[n].shape == node.size_shape
+                and self.oracle.equivalent(s.tensors[n].ae, i)
+                for n in produced for i, node in enumerate(self._outputs)
+            ):
+                continue
+            out.append(produced)
+        return out
+
     def _inputs_of(self, outputs: list[int]) -> set[str]:
         return set().union(*(_leaves(self._targets[i]) for i in outputs)) if outputs else set()
 
@@ -198,9 +222,12 @@ class KernelSearch:
     def _library_moves(self, s: KState, final: bool) -> Iterator[KState]:
         usable = [i for i, t in enumerate(s.tensors) if t.chunk is None]
         missing = self._missing(s) if final else []
+        unused = self._unused(s) if final else []
         for op in self.space.library_ops:
             arity = ops.OPS[op].arity
             for args in _tuples(usable, arity):
+                if any(not unread & set(args) for unread in unused):
+                    continue
                 for attrs in self._library_attrs.get(op, [{}]):
                     key = (max(args), args, 0, op, tuple(sorted((k, str(v)) for k, v in attrs.items())))
                     if key <= s.last_key:
@@ -229,9 +256,12 @@ class KernelSearch:
         indices = range(len(s.tensors))
         missing = self._missing(s) if final else []
         needed = self._inputs_of(missing) if final else set()
+        unused = self._unused(s) if final else []
         for size in range(1, self.config.max_block_inputs + 1):
             for subset in combinations(indices, size):
                 if only is not None and subset != only:
+                    continue
+                if any(not unread & set(subset) for unread in unused):
                     continue
                 if final and not needed <= set().union(*(_leaves(s.tensors[i].ae) for i in subset)):
                     continue  # the last kernel must see every program input its outputs read

@@ -93,6 +93,23 @@ def test_pruning_keeps_every_reference_block_graph(h100):
         assert (tuple(want[0]), len(want[1]), tuple(want[2])) in seen, name
 
 
+def test_deeper_graphs_are_not_grown_from_kernels_that_finish_or_go_unused(h100):
+    """After a kernel that already computes every output, no second kernel is searched (it could
+    only add a launch); and the last kernel must read what an earlier kernel computed, so a first
+    kernel whose result nothing uses leaves no subset of raw inputs to search."""
+    program = workloads.resolve("gated_mlp:ci")
+    ks = KernelSearch(program, space_of(program), Oracle(program), SearchConfig())
+    firsts = list(ks._graph_moves(ks.initial(), False, only=(0, 1, 2)))
+    done = next(st for st in firsts if not ks._missing(st))
+    before = ks.total_states
+    assert list(ks._at_depth(done, 2)) == [] and ks.total_states == before + 1
+    partial = next(st for st in firsts if ks._missing(st) and st.tensors[-1].chunk is None)
+    new = {t.id for t in partial.tensors[len(program.inputs):]}
+    assert ks._unused(partial) == [set(range(len(program.inputs), len(partial.tensors)))]
+    lasts = [nxt.kernels[-1] for nxt in ks._graph_moves(partial, True)]
+    assert lasts and all(set(k.tensor_inputs) & new for k in lasts)
+
+
 def test_attention_finds_a_fused_schedule_better_than_unfused(searched):
     _, outcome = searched("gqa:ci")
     best = outcome.best
