@@ -6,14 +6,13 @@ that runs the whole kernel graph, library kernels included.
 """
 
 from superopt.codegen.generate import describe_steps, generate, kernel_name
-from superopt.codegen.program import CodegenError, CudaProgram, KernelLaunch, LibraryCall, TensorSpec
+from superopt.codegen.program import CodegenError, CudaProgram, KernelLaunch, LibraryCall
 
 __all__ = [
     "CodegenError",
     "CudaProgram",
     "KernelLaunch",
     "LibraryCall",
-    "TensorSpec",
     "describe_steps",
     "generate",
     "kernel_name",

@@ -20,11 +20,10 @@ from superopt.codegen.program import (
     KernelLaunch,
     LibraryCall,
     Step,
-    TensorSpec,
 )
 from superopt.instantiate import Instance
 from superopt.render import render_sgraph
-from superopt.sgraph import GraphKernel, LibraryKernel
+from superopt.sgraph import GraphKernel, LibraryKernel, TensorDecl
 
 
 def kernel_name(sgraph_name: str, kernel_id: str) -> str:
@@ -53,7 +52,7 @@ def generate(inst: Instance) -> CudaProgram:
             raise CodegenError(f"kernel {k.id}: layout has {smem} bytes, the storage plan {inst.smem(k)}")
         bodies.append(text)
         steps.append(_launch(inst, k, ctx.name, smem, wmma))
-    tensors = {t: TensorSpec(t, inst.shape(t), sg.info.dtypes[t]) for t in sg.info.shapes}
+    tensors = {t: TensorDecl(t, inst.shape(t), sg.info.dtypes[t]) for t in sg.info.shapes}
     dtypes = set(sg.info.dtypes.values())
     program = CudaProgram("", tuple(steps), tensors, tuple(t.id for t in sg.inputs), tuple(sg.outputs),
                           dict(inst.values))
@@ -99,7 +98,7 @@ def _header(inst: Instance, program: CudaProgram) -> str:
         *describe_steps(program),
         "",
         "tensors (row-major, device pointers 16-byte aligned):",
-        *(f"{t.name} {t.shape} {t.dtype}" for t in program.tensors.values()),
+        *(f"{t.id} {t.shape} {t.dtype}" for t in program.tensors.values()),
     ]
     return "/*\n" + "\n".join(_comment_safe(f" * {ln}".rstrip()) for ln in lines) + "\n */\n"
 

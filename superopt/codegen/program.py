@@ -14,19 +14,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from superopt.sgraph import TensorDecl
+
 THREADS_PER_BLOCK = 128
 STATIC_SMEM_LIMIT = 48 * 1024  # above this a kernel must opt in to more dynamic shared memory
 
 
 class CodegenError(ValueError):
     """An instance the code generator cannot express (the message says what and why)."""
-
-
-@dataclass(frozen=True)
-class TensorSpec:
-    name: str
-    shape: tuple[int, ...]
-    dtype: str
 
 
 @dataclass(frozen=True)
@@ -85,7 +80,7 @@ Step = KernelLaunch | LibraryCall
 class CudaProgram:
     source: str
     steps: tuple[Step, ...]
-    tensors: Mapping[str, TensorSpec]  # every tensor of the kernel graph
+    tensors: Mapping[str, TensorDecl]  # every tensor of the kernel graph
     inputs: tuple[str, ...]
     outputs: tuple[str, ...]
     params: Mapping[str, int] = field(default_factory=dict)

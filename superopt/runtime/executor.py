@@ -25,7 +25,7 @@ class DeviceProgram:
             if isinstance(step, LibraryCall) and prog.tensors[step.output].dtype == "bf16":
                 raise RuntimeError(f"library kernel {step.kernel} ({step.op}) on bf16: CuPy has no bfloat16 arrays")
         self.buffers: dict[str, Any] = {
-            t.name: self.cp.empty(t.shape, dtype=STORAGE[t.dtype]) for t in prog.tensors.values()
+            t.id: self.cp.empty(t.shape, dtype=STORAGE[t.dtype]) for t in prog.tensors.values()
         }
 
     def set_inputs(self, inputs: Mapping[str, np.ndarray]) -> None:
