@@ -12,6 +12,8 @@ needs neither; claims there use `FOR UPDATE SKIP LOCKED` (see superopt.db.jobs).
 from __future__ import annotations
 
 import os
+import sqlite3
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -101,8 +103,8 @@ def _sqlite_engine(url: URL) -> Engine:
         # Let SQLAlchemy's "begin" event below issue BEGIN, instead of the sqlite3 module's own.
         dbapi_conn.isolation_level = None
         cur = dbapi_conn.cursor()
-        cur.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")  # before WAL: switching needs the lock
-        cur.execute("PRAGMA journal_mode = WAL")
+        cur.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+        _switch_to_wal(cur)
         cur.execute("PRAGMA foreign_keys = ON")
         cur.close()
 
@@ -111,6 +113,24 @@ def _sqlite_engine(url: URL) -> Engine:
         conn.exec_driver_sql(f"BEGIN {conn.get_execution_options().get('sqlite_begin', 'DEFERRED')}")
 
     return engine
+
+
+def _switch_to_wal(cur: sqlite3.Cursor) -> None:
+    """`PRAGMA journal_mode = WAL`, waiting out another process's write lock.
+
+    The switch reads the file header and then rewrites it, and SQLite refuses that read-to-write
+    upgrade at once, without its busy handler, while another connection holds the write lock:
+    several processes opening a fresh file together (a service and its workers) hit it. So the
+    switch is retried until the busy timeout; on a file already in WAL it is a read and passes."""
+    deadline = time.monotonic() + BUSY_TIMEOUT_MS / 1000
+    while True:
+        try:
+            cur.execute("PRAGMA journal_mode = WAL")
+            return
+        except sqlite3.OperationalError as e:
+            if "locked" not in str(e) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.005)
 
 
 def open_database(url: str | None = None) -> Database:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import sqlite3
+import threading
 import warnings
 
 import pytest
@@ -187,6 +189,27 @@ def test_sqlite_connections_use_wal_busy_timeout_and_foreign_keys(tmp_path):
                        "(999, '{}', 'h100', '{}', 'x', 0, 'queued', '{}', 0, 3, 0, '2026-01-01')"))
     assert count(db, Job) == 0
     db.close()
+
+
+def test_opening_a_fresh_file_waits_for_a_writer_instead_of_failing(tmp_path):
+    """SQLite refuses the WAL switch at once while another process writes the fresh file (the
+    race of a service and workers started together); opening must wait for it, then migrate."""
+    path = tmp_path / "race.db"
+    other = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    other.execute("BEGIN IMMEDIATE")
+    other.execute("CREATE TABLE other_writer (x)")
+    with pytest.raises(sqlite3.OperationalError, match="locked"):  # what SQLite does on its own
+        sqlite3.connect(path, timeout=30).execute("PRAGMA journal_mode = WAL")
+    release = threading.Timer(0.3, other.execute, ["COMMIT"])
+    release.start()
+    db = open_database(str(path))
+    release.join()
+    assert current_revision(db) == head_revision()
+    with db.engine.connect() as conn:
+        assert conn.exec_driver_sql("PRAGMA journal_mode").scalar() == "wal"
+        assert conn.exec_driver_sql("SELECT count(*) FROM other_writer").scalar() == 0
+    db.close()
+    other.close()
 
 
 def test_database_urls(tmp_path, monkeypatch):
