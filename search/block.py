@@ -158,6 +158,7 @@ class Generator:
         self._pair_memo: dict[tuple[Any, ...], tuple[OpRanks, OpRanks]] = {}
         self._ids: dict[AE, int] = {}
         self._exprs: list[AE] = []
+        self._eclasses: list[str | None] = []  # by interned id, filled on demand
         self._subterms: dict[tuple[int, int], bool] = {}
         self._binary_ops = [op for op in self.space.block_ops if op in ops.BINARY or op == "matmul"]
 
@@ -364,7 +365,8 @@ class Generator:
         classes, dims = shaped
         roots = tuple(classes.find(d) for d in dims)
         for other in s.tiles:
-            if other.phase == phase and other.aid == aid and tuple(classes.find(d) for d in other.dims) == roots:
+            if other.phase == phase and self._same_value(other.aid, aid) and \
+                    tuple(classes.find(d) for d in other.dims) == roots:
                 self.pruned += 1
                 return  # recomputes an existing tile
         if op != "acc" and self._recomputes(s, args, aid, phase):
@@ -428,6 +430,19 @@ class Generator:
             aid = self._ids[e] = len(self._exprs)
             self._exprs.append(e)
         return aid
+
+    def _same_value(self, a: int, b: int) -> bool:
+        """Equal expressions, or equal under the target's axioms (one e-class): `(q·c)·k` and
+        `q·(k·c)` are one value, and a block computing both does the work twice."""
+        if a == b:
+            return True
+        ca, cb = self._eclass(a), self._eclass(b)
+        return ca is not None and ca == cb
+
+    def _eclass(self, aid: int) -> str | None:
+        while len(self._eclasses) <= aid:
+            self._eclasses.append(self.oracle.class_of(self._exprs[len(self._eclasses)]))
+        return self._eclasses[aid]
 
     def _recomputes(self, s: BlockState, args: tuple[int, ...], aid: int, phase: int) -> bool:
         """Would a new tile (reading `args`, of expression `aid`) recompute a value the block

@@ -43,13 +43,13 @@ def is_small(program: Program) -> bool:
 def run_distributed(
     program: Program, target: Target, config: SearchConfig, *, budget_s: float | None = None,
     max_states: int | None = None, progress: Progress | None = None, workers: int | None = None,
-    address: str | None = None,
+    address: str | None = None, contenders: int = 1,
 ) -> Outcome:
     workers = workers or os.cpu_count() or 1
     if is_small(program) and address is None:
         stats = SearchStats(symbolic=not config.concrete, executor="in-process (small job)")
         return run_search(program, target, config, budget_s=budget_s, max_states=max_states, progress=progress,
-                          stats=stats)
+                          stats=stats, contenders=contenders)
     ray = _ray(workers, address)
     task = ray.remote(max_retries=3)(_run_shard)
     program_ref = ray.put(program.to_json())
@@ -73,7 +73,7 @@ def run_distributed(
 
     stats = SearchStats(symbolic=not config.concrete, workers=workers, executor="ray")
     return run_search(program, target, config, budget_s=budget_s, max_states=max_states, progress=progress,
-                      executor=executor, parts=workers * PARTS_PER_WORKER, stats=stats)
+                      executor=executor, parts=workers * PARTS_PER_WORKER, stats=stats, contenders=contenders)
 
 
 def _ray(workers: int, address: str | None) -> Any:

@@ -8,6 +8,15 @@ ran it, and the merge sorts them by a total order, so any number of workers retu
 verified set and winner. Between depths the driver decides whether deeper kernel graphs can still
 win (launch overhead alone bounds them).
 
+Branch and bound on proofs: verification is most of a search's time, and only the best few
+candidates can matter: the winner, or the `contenders` best when a GPU re-times them. A shard
+carries the keys of the best candidates verified before its depth began; a candidate that the cost
+model ranks behind `contenders` verified ones (those, plus the shard's own) is not verified: it is
+kept, unproved, as `dominated` (shape reuse re-verifies what it re-instantiates). The bound depends
+only on the shard, so the verified set is still the same for any number of workers, and the best
+`contenders` are exactly those a search verifying everything would rank first (a candidate among
+them is never behind that many).
+
 Anytime: when the time or state budget runs out, the search stops and returns what it has verified
 so far (the unfused baseline, verified first, is always among it). Results are deterministic for the
 same program and options: ties break by estimated time, then kernel count, then the sGraph's text.
@@ -36,6 +45,8 @@ from superopt.verifier.oracle import Oracle
 from superopt.verifier.verify import verify
 
 Progress = Callable[[dict[str, Any]], None]
+Key = tuple[float, int, str]  # how candidates are ordered: estimated time, kernel count, sGraph text
+CONTENDERS = 5  # best candidates a search proves when a GPU will re-time them (else only the best)
 
 
 @dataclass
@@ -48,8 +59,8 @@ class Verified:
     def best(self) -> Ranked:
         return self.ranked[0]
 
-    def sort_key(self) -> tuple[float, int, str]:
-        return (self.best.estimate.time_s, len(self.sgraph.kernels), self.sgraph.dumps())
+    def sort_key(self) -> Key:
+        return _key(self.sgraph, self.ranked)
 
 
 @dataclass
@@ -57,6 +68,7 @@ class Outcome:
     verified: list[Verified]
     stats: SearchStats
     rejected: list[tuple[str, str]] = field(default_factory=list)  # (sGraph name, why), for reports
+    dominated: list[SGraph] = field(default_factory=list)  # not verified: behind CONTENDERS verified ones
 
     @property
     def best(self) -> Verified:
@@ -68,6 +80,8 @@ class Shard:
     depth: int
     choice: FirstChoice
     part: tuple[int, int] = (1, 0)  # (parts, index) of the first kernel's block graphs
+    contenders: tuple[Key, ...] = ()  # the best verified when its depth began (the verification bound)
+    keep: int = 1  # how many of the best candidates must be verified
 
 
 @dataclass
@@ -78,6 +92,7 @@ class ShardResult:
     states: int
     pruned: int
     exhausted: bool
+    dominated: list[SGraph] = field(default_factory=list)
 
 
 class Searcher:
@@ -85,31 +100,43 @@ class Searcher:
     memoized block graphs) and the verification of candidates. A Ray worker keeps one per job."""
 
     def __init__(self, program: Program, target: Target, config: SearchConfig,
-                 on_state: Callable[[KernelSearch], None] | None = None) -> None:
+                 on_state: Callable[[KernelSearch], None] | None = None,
+                 on_verified: Callable[[Verified], None] | None = None) -> None:
         self.program, self.target, self.config = program, target, config
+        self.on_verified = on_verified  # told of each verified candidate as it is found
         self.search = KernelSearch(program, space_of(program), Oracle(program), config, on_state=on_state)
-        self.decided: dict[str, Verified | str] = {}  # candidate text -> its verification, or why not
+        # candidate text -> its verification, why it was dropped, or its ranking (not verified yet)
+        self.decided: dict[str, Verified | str | list[Ranked]] = {}
 
-    def consider(self, sg: SGraph, verified: list[Verified], rejected: list[tuple[str, str]]) -> None:
-        """Verify a candidate and rank its instantiations (or record why it was dropped). The
-        decision is remembered: a worker re-running a job's shard does not verify twice."""
+    def consider(self, sg: SGraph, verified: list[Verified], rejected: list[tuple[str, str]],
+                 dominated: list[SGraph] | None = None, bound: Key | None = None) -> None:
+        """Rank a candidate's instantiations, then verify it unless it ranks behind `bound` (then it
+        goes to `dominated`); a dropped one is recorded with why. Decisions are remembered: a
+        worker re-running a job's shard does not verify twice."""
         text = sg.dumps()
-        if text not in self.decided:
-            self.decided[text] = self._decide(sg)
-        decision = self.decided[text]
+        decision = self.decided.get(text)
+        if decision is None:
+            decision = self.decided[text] = self._rank(sg)
+        if isinstance(decision, list):
+            if bound is not None and dominated is not None and _key(sg, decision) > bound:
+                dominated.append(sg)
+                return
+            decision = self.decided[text] = self._verify(sg, decision)
         if isinstance(decision, Verified):
             verified.append(decision)
+            if self.on_verified is not None:
+                self.on_verified(decision)
         else:
             rejected.append((sg.name, decision))
 
-    def _decide(self, sg: SGraph) -> Verified | str:
+    def _rank(self, sg: SGraph) -> list[Ranked] | str:
         if first_assignment(sg, self.target) is None:
             return "no valid instantiation at the program's shapes"
+        return rank(sg, self.target, deadline=self.search.deadline) or "no instantiation ranked"
+
+    def _verify(self, sg: SGraph, ranked: list[Ranked]) -> Verified | str:
         verdict = verify(self.program, sg, target=self.target)
-        if not verdict.proved:
-            return _why(verdict)
-        ranked = rank(sg, self.target, deadline=self.search.deadline)
-        return Verified(sg, verdict, ranked) if ranked else "no instantiation ranked"
+        return Verified(sg, verdict, ranked) if verdict.proved else _why(verdict)
 
     def run(self, shard: Shard, deadline: float, max_states: int | None) -> ShardResult:
         ks = self.search
@@ -118,13 +145,20 @@ class Searcher:
         ks.max_states = None if max_states is None else states0 + max_states
         verified: list[Verified] = []
         rejected: list[tuple[str, str]] = []
+        dominated: list[SGraph] = []
+        best = sorted(shard.contenders)
         exhausted = False
         try:
             for cand in ks.candidates_in(shard.depth, shard.choice, shard.part):
-                self.consider(cand, verified, rejected)
+                bound = best[shard.keep - 1] if len(best) >= shard.keep else None
+                n = len(verified)
+                self.consider(cand, verified, rejected, dominated, bound)
+                if len(verified) > n:
+                    best = sorted({*best, verified[-1].sort_key()})[:shard.keep]
         except BudgetExhausted:
             exhausted = True
-        return ShardResult(shard, verified, rejected, ks.total_states - states0, ks.total_pruned - pruned0, exhausted)
+        return ShardResult(shard, verified, rejected, ks.total_states - states0, ks.total_pruned - pruned0, exhausted,
+                           dominated)
 
 
 # An executor runs a depth's shards and yields their results (in any order).
@@ -134,21 +168,26 @@ Executor = Callable[[list[Shard], float, "int | None"], Iterable[ShardResult]]
 def run_search(
     program: Program, target: Target, config: SearchConfig, *, budget_s: float | None = None,
     max_states: int | None = None, progress: Progress | None = None, executor: Executor | None = None,
-    parts: int = 1, stats: SearchStats | None = None,
+    parts: int = 1, stats: SearchStats | None = None, contenders: int = 1,
 ) -> Outcome:
     """Search depth by depth; `executor` runs each depth's shards (default: in this process),
-    `parts` splits every shard's first block space that many ways (for more, smaller shards)."""
+    `parts` splits every shard's first block space that many ways (for more, smaller shards),
+    `contenders` best candidates are verified (the others only as far as they rank ahead)."""
     t0 = time.monotonic()
     stats = stats or SearchStats(symbolic=not config.concrete)
     deadline = time.time() + budget_s if budget_s else float("inf")
     outcome = Outcome([], stats)
     seen: set[str] = set()
+    unproved: dict[str, SGraph] = {}  # dominated candidates, in the order they were merged
     last = [0.0]
+
+    live_best = [float("inf")]  # best verified in this process, before its shard is merged
 
     def report(phase: str, live_states: int = 0, live_pruned: int = 0) -> None:
         stats.seconds = time.monotonic() - t0
         if progress is not None:
-            best = min((v.best.estimate.time_us for v in outcome.verified), default=None)
+            best: float | None = min([v.best.estimate.time_us for v in outcome.verified] + live_best)
+            best = None if best == float("inf") else best
             progress({
                 "phase": phase, "states": stats.states + live_states, "pruned": stats.pruned + live_pruned,
                 "verified": stats.verified, "best_time_us": best, "seconds": round(stats.seconds, 2),
@@ -160,8 +199,14 @@ def run_search(
             last[0] = now
             report("search", ks.total_states - base_states[0], ks.total_pruned - base_pruned[0])
 
+    def found(v: Verified) -> None:
+        if v.best.estimate.time_us < live_best[0]:
+            live_best[0] = v.best.estimate.time_us
+            ks = local.search
+            report("found", ks.total_states - base_states[0], ks.total_pruned - base_pruned[0])
+
     base_states, base_pruned = [0], [0]
-    local = Searcher(program, target, config, on_state=tick)
+    local = Searcher(program, target, config, on_state=tick, on_verified=found)
 
     def merge(result: ShardResult) -> None:
         stats.states += result.states
@@ -174,6 +219,10 @@ def run_search(
                 seen.add(text)
                 outcome.verified.append(v)
                 stats.verified += 1
+        for sg in result.dominated:
+            text = sg.dumps()
+            if text not in unproved:
+                unproved[text] = sg
         stats.budget_exhausted |= result.exhausted
 
     baseline: list[Verified] = []
@@ -193,7 +242,8 @@ def run_search(
         best = min((v.best.estimate.time_s for v in outcome.verified), default=None)
         if best is not None and best <= floor_s + depth * target.launch_overhead_s:
             break
-        shards = [Shard(depth, choice, (parts, i)) for choice in local.search.first_choices(depth)
+        known = tuple(sorted(v.sort_key() for v in outcome.verified)[:contenders])
+        shards = [Shard(depth, choice, (parts, i), known, contenders) for choice in local.search.first_choices(depth)
                   for i in range(parts if choice[0] == "graph" else 1)]
         for result in run(shards, deadline, None if max_states is None else max_states - stats.states):
             merge(result)
@@ -201,10 +251,28 @@ def run_search(
         if stats.budget_exhausted:
             break
         stats.depth = depth
+    _keep_contenders(outcome, unproved, contenders)
     stats.seconds = time.monotonic() - t0
     stats.peak_rss_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     report("done")
     return outcome
+
+
+def _keep_contenders(outcome: Outcome, unproved: dict[str, SGraph], contenders: int) -> None:
+    """The result keeps the best `contenders` verified candidates and the unfused baseline; what
+    else was proved joins the dominated ones. Which candidates a shard proves beyond the best
+    depends on how the search was cut into shards; the best `contenders` do not, so neither does
+    the result."""
+    ordered = sorted(outcome.verified, key=Verified.sort_key)
+    proved = {v.sgraph.dumps() for v in ordered}
+    outcome.verified = [v for n, v in enumerate(ordered) if n < contenders or v.sgraph.name.endswith(".unfused")]
+    outcome.dominated = [v.sgraph for v in ordered if v not in outcome.verified]
+    outcome.dominated += [sg for text, sg in unproved.items() if text not in proved]
+    outcome.stats.dominated = len(outcome.dominated)
+
+
+def _key(sg: SGraph, ranked: list[Ranked]) -> Key:
+    return (ranked[0].estimate.time_s, len(sg.kernels), sg.dumps())
 
 
 def _why(v: Verdict) -> str:

@@ -12,7 +12,9 @@ repeating an existing one (same expression, shape and chunking) is cut.
 A state is a candidate when, for every program output, some tensor has its shape and an abstract
 expression equal to the output's, and every kernel contributes to those outputs. States are
 explored by iterative deepening on the number of kernels, so the search is anytime: schedules with
-fewer launches are found first.
+fewer launches are found first. Within a depth, first kernels over more inputs come first (fusion
+first), and each shard walks its subtree twice: graphs whose last kernel only combines computed
+tensors, then those whose last kernel reads program inputs again (see `candidates_in`).
 """
 
 from __future__ import annotations
@@ -139,13 +141,20 @@ class KernelSearch:
         subtree is one shard of the search (`candidates_in`)."""
         root = self.initial()
         final = depth == 1
-        out: list[FirstChoice] = [("library", s.last_key) for s in self._library_moves(root, final)]
+        library: list[FirstChoice] = [("library", s.last_key) for s in self._library_moves(root, final)]
         needed = self._inputs_of(self._missing(root)) if final else set()
+        graphs: list[FirstChoice] = []
         for size in range(1, self.config.max_block_inputs + 1):
             for subset in combinations(range(len(root.tensors)), size):
                 if not final or needed <= set().union(*(_leaves(root.tensors[i].ae) for i in subset)):
-                    out.append(("graph", subset))
-        return out
+                    graphs.append(("graph", subset))
+        if final:
+            return library + graphs
+        # Fusion first: a first kernel over more of the inputs can do more of the work, leaving the
+        # later kernels small; one library op leaves the most. (The order only decides what an
+        # exhausted budget has seen: every shard is searched when time allows.)
+        graphs.sort(key=lambda c: -len(c[1]))
+        return graphs + library
 
     def candidates_in(self, depth: int, choice: FirstChoice, part: tuple[int, int] = (1, 0)) -> Iterator[SGraph]:
         """Candidates of `depth` kernels whose first kernel is `choice`; `part` splits the first
@@ -158,10 +167,20 @@ class KernelSearch:
             firsts: Iterator[KState] = (s for s in self._library_moves(root, final) if s.last_key == choice[1])
         else:
             firsts = self._graph_moves(root, final, only=choice[1], part=part)
-        for state in firsts:
-            yield from self._at_depth(state, depth)
+        if final:
+            for state in firsts:
+                yield from self._at_depth(state, depth)
+            return
+        # Two passes over the same subtrees. First the graphs whose last kernel reads computed
+        # tensors only (a merge of partial results, a division: small block spaces), then those
+        # whose last kernel reads program inputs again (the large spaces, as large as a whole
+        # one-kernel search). Same candidates; the cheap ones are not queued behind the costly.
+        states = list(firsts)
+        for rereads in (False, True):
+            for state in states:
+                yield from self._at_depth(state, depth, rereads)
 
-    def _at_depth(self, state: KState, depth: int) -> Iterator[SGraph]:
+    def _at_depth(self, state: KState, depth: int, rereads: bool | None = None) -> Iterator[SGraph]:
         self.states += 1
         self._tick()
         if len(state.kernels) == depth:
@@ -174,14 +193,20 @@ class KernelSearch:
             # the same graph with more launches (the shallower depth has the graph without them).
             self.pruned += 1
             return
-        for nxt in self.moves(state, final=len(state.kernels) == depth - 1):
-            yield from self._at_depth(nxt, depth)
+        for nxt in self.moves(state, final=len(state.kernels) == depth - 1, rereads=rereads):
+            yield from self._at_depth(nxt, depth, rereads)
 
-    def moves(self, s: KState, final: bool = False) -> Iterator[KState]:
+    def moves(self, s: KState, final: bool = False, rereads: bool | None = None) -> Iterator[KState]:
         """Successor states. For the last kernel of a depth, only kernels that complete the
-        program's outputs are worth building: their new tensors must match what is missing."""
-        yield from self._library_moves(s, final)
-        yield from self._graph_moves(s, final)
+        program's outputs are worth building: their new tensors must match what is missing.
+        `rereads` (last kernel only) keeps the kernels that do (True) or do not (False) read a
+        program input; None keeps both."""
+        yield from self._library_moves(s, final, rereads)
+        yield from self._graph_moves(s, final, rereads=rereads)
+
+    def _reads_inputs(self, tensors: tuple[int, ...], rereads: bool | None) -> bool:
+        """Does this choice of kernel inputs pass the `rereads` filter of `moves`?"""
+        return rereads is None or (min(tensors) < len(self.program.inputs)) == rereads
 
     def _missing(self, s: KState) -> list[int]:
         """Program outputs no tensor of `s` matches yet."""
@@ -219,14 +244,14 @@ class KernelSearch:
             for i in missing
         )
 
-    def _library_moves(self, s: KState, final: bool) -> Iterator[KState]:
+    def _library_moves(self, s: KState, final: bool, rereads: bool | None = None) -> Iterator[KState]:
         usable = [i for i, t in enumerate(s.tensors) if t.chunk is None]
         missing = self._missing(s) if final else []
         unused = self._unused(s) if final else []
         for op in self.space.library_ops:
             arity = ops.OPS[op].arity
             for args in _tuples(usable, arity):
-                if any(not unread & set(args) for unread in unused):
+                if any(not unread & set(args) for unread in unused) or not self._reads_inputs(args, rereads):
                     continue
                 for attrs in self._library_attrs.get(op, [{}]):
                     key = (max(args), args, 0, op, tuple(sorted((k, str(v)) for k, v in attrs.items())))
@@ -251,6 +276,7 @@ class KernelSearch:
 
     def _graph_moves(
         self, s: KState, final: bool, only: tuple[int, ...] | None = None, part: tuple[int, int] = (1, 0),
+        rereads: bool | None = None,
     ) -> Iterator[KState]:
         assert self._gen is not None
         indices = range(len(s.tensors))
@@ -259,7 +285,7 @@ class KernelSearch:
         unused = self._unused(s) if final else []
         for size in range(1, self.config.max_block_inputs + 1):
             for subset in combinations(indices, size):
-                if only is not None and subset != only:
+                if (only is not None and subset != only) or not self._reads_inputs(subset, rereads):
                     continue
                 if any(not unread & set(subset) for unread in unused):
                     continue

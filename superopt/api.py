@@ -25,7 +25,6 @@ from superopt.targets import TARGETS, Target, fingerprint
 from superopt.targets import target as named_target
 
 Progress = Callable[[dict[str, Any]], None]
-MEASURE_TOP = 5  # candidates timed on a GPU (best by the cost model first)
 REUSE_VERIFY = 5  # kept sGraphs re-verified at a new shape (the best by the cost model first)
 
 
@@ -99,7 +98,7 @@ def _verified_sgraphs(
     program: Program, choice: TargetChoice, config: SearchConfig, budget_s: float | None,
     max_states: int | None, progress: Progress | None, reuse: bool, workers: int | None, ray_address: str | None,
 ) -> Any:
-    from superopt.search.driver import Outcome, Verified
+    from superopt.search.driver import CONTENDERS, Outcome, Verified, run_search
     from superopt.search.instantiation import rank
     from superopt.search.reuse import SGraphStore
     from superopt.verifier.verify import verify
@@ -128,18 +127,18 @@ def _verified_sgraphs(
             stats.depth = int(earlier.get("depth", 0))
             if _reuse_is_complete(program, choice.target, config, verified, stats.depth):
                 return Outcome(verified, stats)
+    contenders = CONTENDERS if choice.measured else 1  # the GPU re-times the best few; else the best decides
     if (workers is not None and workers > 1) or ray_address:
         from superopt.search.distributed import run_distributed
 
         outcome = run_distributed(program, choice.target, config, budget_s=budget_s, max_states=max_states,
-                                  progress=progress, workers=workers, address=ray_address)
+                                  progress=progress, workers=workers, address=ray_address, contenders=contenders)
     else:
-        from superopt.search.driver import run_search
-
         outcome = run_search(program, choice.target, config, budget_s=budget_s, max_states=max_states,
-                             progress=progress)
+                             progress=progress, contenders=contenders)
     if outcome.verified:
-        store.save(program, config, [v.sgraph for v in outcome.verified], outcome.stats.to_json())
+        kept = [v.sgraph for v in outcome.verified] + outcome.dominated  # reuse re-verifies what it takes
+        store.save(program, config, kept, outcome.stats.to_json())
     return outcome
 
 
@@ -209,9 +208,10 @@ def _measure(program: Program, t: Target, candidates: list[Candidate], base: Can
     """Time the best few candidates (and the baseline) as generated CUDA; the fastest correct one
     wins. A candidate whose kernels are wrong on the device is dropped, never returned."""
     from superopt.runtime.measure import IncorrectKernel, measure
+    from superopt.search.driver import CONTENDERS  # the search proves at least these
 
     timed: list[Candidate] = []
-    for c in [*candidates[:MEASURE_TOP], base]:
+    for c in [*candidates[:CONTENDERS], base]:
         if c in timed:
             continue
         try:

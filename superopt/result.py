@@ -136,8 +136,9 @@ class SearchStats:
     seconds: float = 0.0
     states: int = 0
     pruned: int = 0
-    verified: int = 0
+    verified: int = 0  # candidates proved (the result keeps the best and the baseline)
     rejected: int = 0
+    dominated: int = 0  # candidates the result leaves out: ranked behind the best ones (most never proved)
     symbolic: bool = True
     reused: bool = False  # verified sGraphs of an earlier search re-instantiated for this shape
     budget_exhausted: bool = False

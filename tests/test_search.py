@@ -151,6 +151,18 @@ def test_budget_returns_the_best_so_far(h100):
     assert outcome.best.sgraph.name.endswith(".unfused")  # the baseline is verified before searching
 
 
+def test_progress_reports_each_better_schedule_as_it_is_verified(h100):
+    """The best so far is reported when a candidate is verified, not when its shard ends (a shard
+    can run for the whole budget)."""
+    events: list[dict] = []
+    outcome = run_search(workloads.resolve("rmsnorm_matmul:ci"), h100, SearchConfig(), progress=events.append)
+    found = [e["best_time_us"] for e in events if e["phase"] == "found"]
+    assert found == sorted(found, reverse=True) and len(found) >= 2  # the baseline, then better ones
+    assert found[-1] == outcome.best.best.estimate.time_us
+    first_merge = next(i for i, e in enumerate(events) if e["phase"] == "verify")
+    assert any(e["phase"] == "found" for e in events[1:first_merge])
+
+
 def test_a_single_matmul_gets_an_answer_not_an_error():
     p = Program("mm")
     x = p.input("X", (32, 64), "f16")
@@ -237,3 +249,56 @@ def test_generator_respects_op_budget():
     specs = [InputSpec(0, (4, 64), ("inp", "X"), (0, 1)), InputSpec(1, (64, 48), ("inp", "W"), (1, 2))]
     for s in gen.complete_graphs(gen.start(specs)):
         assert s.nops <= 3
+
+
+def test_a_block_graph_never_computes_one_value_twice():
+    """(X·c)@W and X@(W·c) are one value under the target's axioms: each is generated, but no
+    block graph computes both (same e-class, same dims, same phase)."""
+    p = Program("scaled")
+    x, w = p.input("X", (4, 64), "f32"), p.input("W", (64, 48), "f32")
+    p.output(p.exp((x * 0.25) @ w))
+    oracle = Oracle(p)
+    gen = Generator(space_of(p), oracle, 5)
+    specs = [InputSpec(0, (4, 64), ("inp", "X"), (0, 1)), InputSpec(1, (64, 48), ("inp", "W"), (1, 2))]
+    scaled = oracle.class_of(oracle.alg.matmul(oracle.alg.mul(oracle.alg.const(0.25), (("inp", "X"), (0, 1))),
+                                               (("inp", "W"), (1, 2)))[0])
+    forms = set()
+    for s in gen.complete_graphs(gen.start(specs)):
+        values = [(t.phase, oracle.class_of(t.ae), tuple(s.classes.find(d) for d in t.dims))
+                  for t in s.tiles if t.op not in ("input", "acc")]
+        assert len(values) == len(set(values)), [t.op for t in s.tiles]
+        forms |= {t.ae for t in s.tiles if t.op not in ("input", "acc") and oracle.class_of(t.ae) == scaled}
+    assert scaled is not None and len(forms) == 2
+
+
+def test_two_kernel_graphs_that_merge_computed_tensors_come_first():
+    """Within a shard, graphs whose last kernel reads only computed tensors (a merge, a division)
+    are produced before those whose last kernel reads program inputs again; the candidates are the
+    same as one pass over the subtree produces."""
+    program = workloads.resolve("gqa:ci")
+    inputs = {n.id for n in program.inputs}
+    ks = KernelSearch(program, space_of(program), Oracle(program), SearchConfig())
+    two_pass = list(ks.candidates_in(2, ("graph", (0, 1, 2))))
+    rereads = [bool(set(sg.kernels[-1].tensor_inputs) & inputs) for sg in two_pass]
+    assert rereads == sorted(rereads) and rereads[0] is False and rereads[-1] is True
+    firsts = ks._graph_moves(ks.initial(), False, only=(0, 1, 2))
+    one_pass = [sg for st in firsts for sg in ks._at_depth(st, 2)]
+    assert sorted(sg.dumps() for sg in two_pass) == sorted(sg.dumps() for sg in one_pass)
+
+
+def test_only_the_contenders_are_proved_and_they_are_the_true_best(h100):
+    """Branch and bound on proofs: candidates ranked behind `contenders` proved ones are not
+    verified, yet the kept ones are exactly the best of a search that verifies everything."""
+    program = workloads.resolve("gated_mlp")  # at its published shape: dozens of candidates
+    config = SearchConfig(max_kernel_ops=2)
+    everything = run_search(program, h100, config, contenders=10_000)
+    assert everything.stats.dominated == 0
+    ranked = sorted(everything.verified, key=lambda v: v.sort_key())
+    for contenders in (1, 3):
+        bounded = run_search(program, h100, config, contenders=contenders)
+        assert bounded.stats.verified < everything.stats.verified and bounded.stats.dominated > 0
+        fused = [v.sgraph.dumps() for v in sorted(bounded.verified, key=lambda v: v.sort_key())
+                 if not v.sgraph.name.endswith(".unfused")]
+        assert fused == [v.sgraph.dumps() for v in ranked[:contenders]]
+        proved = {v.sgraph.dumps() for v in bounded.verified}
+        assert not proved & {sg.dumps() for sg in bounded.dominated}
