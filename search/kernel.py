@@ -193,7 +193,8 @@ class KernelSearch:
             # the same graph with more launches (the shallower depth has the graph without them).
             self.pruned += 1
             return
-        for nxt in self.moves(state, final=len(state.kernels) == depth - 1, rereads=rereads):
+        final = len(state.kernels) == depth - 1
+        for nxt in self.moves(state, final=final, rereads=rereads if final else None):
             yield from self._at_depth(nxt, depth, rereads)
 
     def moves(self, s: KState, final: bool = False, rereads: bool | None = None) -> Iterator[KState]:

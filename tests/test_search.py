@@ -271,18 +271,19 @@ def test_a_block_graph_never_computes_one_value_twice():
     assert scaled is not None and len(forms) == 2
 
 
-def test_two_kernel_graphs_that_merge_computed_tensors_come_first():
+@pytest.mark.parametrize(("spec", "depth"), [("gqa:ci", 2), ("lora:ci", 3)])
+def test_graphs_whose_last_kernel_merges_computed_tensors_come_first(spec, depth):
     """Within a shard, graphs whose last kernel reads only computed tensors (a merge, a division)
     are produced before those whose last kernel reads program inputs again; the candidates are the
-    same as one pass over the subtree produces."""
-    program = workloads.resolve("gqa:ci")
+    same as one pass over the subtree produces (kernels before the last one are not filtered)."""
+    program = workloads.resolve(spec)
     inputs = {n.id for n in program.inputs}
     ks = KernelSearch(program, space_of(program), Oracle(program), SearchConfig())
-    two_pass = list(ks.candidates_in(2, ("graph", (0, 1, 2))))
+    two_pass = list(ks.candidates_in(depth, ("graph", (0, 1, 2))))
     rereads = [bool(set(sg.kernels[-1].tensor_inputs) & inputs) for sg in two_pass]
     assert rereads == sorted(rereads) and rereads[0] is False and rereads[-1] is True
     firsts = ks._graph_moves(ks.initial(), False, only=(0, 1, 2))
-    one_pass = [sg for st in firsts for sg in ks._at_depth(st, 2)]
+    one_pass = [sg for st in firsts for sg in ks._at_depth(st, depth)]
     assert sorted(sg.dumps() for sg in two_pass) == sorted(sg.dumps() for sg in one_pass)
 
 
