@@ -93,6 +93,7 @@ class ShardResult:
     pruned: int
     exhausted: bool
     dominated: list[SGraph] = field(default_factory=list)
+    bounded: int = 0  # kernel-graph states cut by the time bound
 
 
 class Searcher:
@@ -104,7 +105,8 @@ class Searcher:
                  on_verified: Callable[[Verified], None] | None = None) -> None:
         self.program, self.target, self.config = program, target, config
         self.on_verified = on_verified  # told of each verified candidate as it is found
-        self.search = KernelSearch(program, space_of(program), Oracle(program), config, on_state=on_state)
+        self.search = KernelSearch(program, space_of(program), Oracle(program), config, on_state=on_state,
+                                   bandwidth=target.dram_bytes_per_s, launch_s=target.launch_overhead_s)
         # candidate text -> its verification, why it was dropped, or its ranking (not verified yet)
         self.decided: dict[str, Verified | str | list[Ranked]] = {}
 
@@ -140,7 +142,7 @@ class Searcher:
 
     def run(self, shard: Shard, deadline: float, max_states: int | None) -> ShardResult:
         ks = self.search
-        states0, pruned0 = ks.total_states, ks.total_pruned
+        states0, pruned0, bounded0 = ks.total_states, ks.total_pruned, ks.bounded
         ks.deadline = deadline
         ks.max_states = None if max_states is None else states0 + max_states
         verified: list[Verified] = []
@@ -149,16 +151,21 @@ class Searcher:
         best = sorted(shard.contenders)
         exhausted = False
         try:
+            bound = best[shard.keep - 1] if len(best) >= shard.keep else None
+            ks.bound_s = bound[0] if bound else float("inf")
             for cand in ks.candidates_in(shard.depth, shard.choice, shard.part):
-                bound = best[shard.keep - 1] if len(best) >= shard.keep else None
                 n = len(verified)
                 self.consider(cand, verified, rejected, dominated, bound)
                 if len(verified) > n:
                     best = sorted({*best, verified[-1].sort_key()})[:shard.keep]
+                    bound = best[shard.keep - 1] if len(best) >= shard.keep else None
+                    ks.bound_s = bound[0] if bound else float("inf")
         except BudgetExhausted:
             exhausted = True
+        finally:
+            ks.bound_s = float("inf")
         return ShardResult(shard, verified, rejected, ks.total_states - states0, ks.total_pruned - pruned0, exhausted,
-                           dominated)
+                           dominated, ks.bounded - bounded0)
 
 
 # An executor runs a depth's shards and yields their results (in any order).
@@ -245,11 +252,15 @@ def run_search(
         known = tuple(sorted(v.sort_key() for v in outcome.verified)[:contenders])
         shards = [Shard(depth, choice, (parts, i), known, contenders) for choice in local.search.first_choices(depth)
                   for i in range(parts if choice[0] == "graph" else 1)]
+        bounded = False
         for result in run(shards, deadline, None if max_states is None else max_states - stats.states):
             merge(result)
+            bounded |= result.bounded > 0
             report("verify")
         if stats.budget_exhausted:
             break
+        if stats.generic_depth == stats.depth and not bounded:
+            stats.generic_depth = depth  # every graph of this many kernels was generated: for any shape
         stats.depth = depth
     _keep_contenders(outcome, unproved, contenders)
     stats.seconds = time.monotonic() - t0

@@ -19,6 +19,7 @@ tensors, then those whose last kernel reads program inputs again (see `candidate
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -28,6 +29,7 @@ from typing import Any
 from superopt import ops
 from superopt.config import SearchConfig
 from superopt.dimclasses import input_classes
+from superopt.dtypes import dtype as get_dtype
 from superopt.primitives import apply
 from superopt.program import Program
 from superopt.search.block import (
@@ -83,6 +85,13 @@ class KernelSearch:
     block_cache: dict[tuple[Any, ...], Lazy[BlockState]] = field(default_factory=dict)
     on_state: Callable[[KernelSearch], None] | None = None
     deepen: Callable[[int], bool] | None = None
+    # Branch and bound: graphs that must take longer than `bound_s` are not built. Every kernel
+    # costs a launch plus the bytes of the tensors it reads and writes at `bandwidth` (the cost
+    # model never charges less), so kernels already chosen and the last one's inputs bound it.
+    bound_s: float = float("inf")
+    bandwidth: float = float("inf")  # DRAM bytes per second
+    launch_s: float = 0.0
+    bounded: int = 0  # graphs cut by the bound (they might win at another shape)
     _gen: Generator | None = None
 
     def __post_init__(self) -> None:
@@ -90,6 +99,8 @@ class KernelSearch:
         self._alg = self.oracle.alg
         self._outputs = [self.program.nodes[o] for o in self.program.outputs]
         values = abstract_program(self.program)
+        self._nbytes = min(get_dtype(n.dtype or "f32").nbytes for n in self.program.inputs)
+        self._output_bytes = [self._bytes(KTensor(n.id, n.size_shape, ("c",), ())) for n in self._outputs]
         self._targets = [values[o][0] for o in self.program.outputs]
         self._library_attrs: dict[str, list[dict[str, Any]]] = {}
         for n in self.program.topological():
@@ -183,6 +194,12 @@ class KernelSearch:
     def _at_depth(self, state: KState, depth: int, rereads: bool | None = None) -> Iterator[SGraph]:
         self.states += 1
         self._tick()
+        left = depth - len(state.kernels)
+        if left and self.bound_s < float("inf") and \
+                self._spent(state) + left * self.launch_s + self._unwritten(state) / self.bandwidth > self.bound_s:
+            self.pruned += 1  # the kernels so far, the launches to come and the outputs take too long
+            self.bounded += 1
+            return
         if len(state.kernels) == depth:
             cand = self._candidate(state)
             if cand is not None:
@@ -204,6 +221,36 @@ class KernelSearch:
         program input; None keeps both."""
         yield from self._library_moves(s, final, rereads)
         yield from self._graph_moves(s, final, rereads=rereads)
+
+    def _bytes(self, t: KTensor) -> float:
+        """The fewest bytes tensor `t` can have (a chunked dim counts one chunk)."""
+        dims = [d.int_value() if d.is_const() else 1 for d in t.shape]
+        if t.chunk is not None:
+            dims[t.chunk.dim] = t.chunk.base
+        return math.prod(dims) * self._nbytes
+
+    def _spent(self, s: KState) -> float:
+        """The least time the kernels of `s` take: launches, and reading and writing their tensors."""
+        size = {t.id: self._bytes(t) for t in s.tensors}
+        total = 0.0
+        for k in s.kernels:
+            if isinstance(k, LibraryKernel) and k.op in ("const", "reshape"):
+                continue  # free: a launch argument, a view
+            moved = sum(size[i] for i in k.tensor_inputs) + sum(size[o] for o in k.outputs)
+            total += self.launch_s + moved / self.bandwidth
+        return total
+
+    def _unwritten(self, s: KState) -> float:
+        return sum(self._output_bytes[i] for i in self._missing(s))
+
+    def _too_slow(self, s: KState, inputs: Sequence[int]) -> bool:
+        """Would any last kernel reading these tensors (and writing the outputs) exceed the bound?"""
+        if self.bound_s == float("inf"):
+            return False
+        moved = sum(self._bytes(s.tensors[i]) for i in set(inputs)) + self._unwritten(s)
+        too_slow = self._spent(s) + self.launch_s + moved / self.bandwidth > self.bound_s
+        self.bounded += too_slow
+        return too_slow
 
     def _reads_inputs(self, tensors: tuple[int, ...], rereads: bool | None) -> bool:
         """Does this choice of kernel inputs pass the `rereads` filter of `moves`?"""
@@ -254,6 +301,9 @@ class KernelSearch:
             for args in _tuples(usable, arity):
                 if any(not unread & set(args) for unread in unused) or not self._reads_inputs(args, rereads):
                     continue
+                if final and self._too_slow(s, args):
+                    self.pruned += 1
+                    continue
                 for attrs in self._library_attrs.get(op, [{}]):
                     key = (max(args), args, 0, op, tuple(sorted((k, str(v)) for k, v in attrs.items())))
                     if key <= s.last_key:
@@ -292,6 +342,9 @@ class KernelSearch:
                     continue
                 if final and not needed <= set().union(*(_leaves(s.tensors[i].ae) for i in subset)):
                     continue  # the last kernel must see every program input its outputs read
+                if final and self._too_slow(s, subset):
+                    self.pruned += 1
+                    continue
                 chunks = {c.axis for i in subset if (c := s.tensors[i].chunk) is not None}
                 if len(chunks) > 1:
                     continue

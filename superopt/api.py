@@ -125,7 +125,8 @@ def _verified_sgraphs(
             stats.verified = len(verified)
             stats.seconds = time.monotonic() - t0
             stats.depth = int(earlier.get("depth", 0))
-            if _reuse_is_complete(program, choice.target, config, verified, stats.depth):
+            stats.generic_depth = int(earlier.get("generic_depth", 0))
+            if _reuse_is_complete(program, choice.target, config, verified, stats.generic_depth):
                 return Outcome(verified, stats)
     contenders = CONTENDERS if choice.measured else 1  # the GPU re-times the best few; else the best decides
     if (workers is not None and workers > 1) or ray_address:
@@ -143,10 +144,11 @@ def _verified_sgraphs(
 
 
 def _reuse_is_complete(program: Program, target: Target, config: SearchConfig, verified: list[Any], depth: int) -> bool:
-    """Can the re-instantiated sGraphs stand for a search at this shape? The earlier search covered
-    kernel graphs up to `depth` kernels; deeper ones pay at least one more launch over the physical
-    floor, and where shapes are larger (a bigger floor, so more room above it) they may now win:
-    then the program is searched again."""
+    """Can the re-instantiated sGraphs stand for a search at this shape? The earlier search kept
+    every kernel graph of up to `depth` kernels (its generic depth: no time bound of that shape cut
+    any); deeper ones pay at least one more launch over the physical floor, and where shapes are
+    larger (a bigger floor, so more room above it) they may now win: then the program is searched
+    again."""
     if not any(not v.sgraph.name.endswith(".unfused") for v in verified):
         return False
     if depth >= config.max_kernel_ops:

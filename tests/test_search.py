@@ -293,7 +293,8 @@ def test_only_the_contenders_are_proved_and_they_are_the_true_best(h100):
     program = workloads.resolve("gated_mlp")  # at its published shape: dozens of candidates
     config = SearchConfig(max_kernel_ops=2)
     everything = run_search(program, h100, config, contenders=10_000)
-    assert everything.stats.dominated == 0
+    assert everything.stats.dominated == 0  # no proof bound, so no time bound either: kept for any shape
+    assert everything.stats.generic_depth == everything.stats.depth == 2
     ranked = sorted(everything.verified, key=lambda v: v.sort_key())
     for contenders in (1, 3):
         bounded = run_search(program, h100, config, contenders=contenders)
@@ -303,3 +304,26 @@ def test_only_the_contenders_are_proved_and_they_are_the_true_best(h100):
         assert fused == [v.sgraph.dumps() for v in ranked[:contenders]]
         proved = {v.sgraph.dumps() for v in bounded.verified}
         assert not proved & {sg.dumps() for sg in bounded.dominated}
+
+
+def test_time_bound_never_exceeds_the_cost_models_estimate(h100):
+    """The kernel-level bound (launches plus every tensor a kernel reads and writes, at full DRAM
+    bandwidth) is below the cost model's estimate of every candidate, so cutting graphs whose
+    bound exceeds the best proved time never cuts a graph that could win."""
+    program = workloads.resolve("gqa")
+    ks = KernelSearch(program, space_of(program), Oracle(program), SearchConfig(),
+                      bandwidth=h100.dram_bytes_per_s, launch_s=h100.launch_overhead_s)
+    checked = 0
+    for choice in ks.first_choices(2)[:3]:
+        firsts = ks._library_moves(ks.initial(), False) if choice[0] == "library" else \
+            ks._graph_moves(ks.initial(), False, only=choice[1])
+        for first in firsts:
+            for last in ks.moves(first, final=True):
+                cand = ks._candidate(last)
+                if cand is None or not (ranked := rank(cand, h100)):
+                    continue
+                assert ks._spent(last) <= ranked[0].estimate.time_s, cand.dumps()
+                checked += 1
+            if checked > 40:
+                return
+    assert checked > 10
