@@ -253,22 +253,25 @@ class Oracle:
     def __init__(self, program: Program, iterations: int = 12, node_limit: int = 20_000) -> None:
         t0 = time.perf_counter()
         values = abstract_program(program)
-        self.egraph = EGraph()
+        # A local: egglog's e-graph may only be dropped by the thread that made it, and an oracle
+        # can outlive its thread (a service's search) and be collected elsewhere. The hash-cons
+        # below is all that queries need.
+        egraph = EGraph()
         outputs = [values[o][0] for o in program.outputs]
         for i, e in enumerate(outputs):
-            self.egraph.let(f"target{i}", to_egg(e))
+            egraph.let(f"target{i}", to_egg(e))
         it, saturated = 0, False
         while it < iterations:
-            report = self.egraph.run(AXIOMS)
+            report = egraph.run(AXIOMS)
             it += 1
             if not report.updated:
                 saturated = True
                 break
-            if sum(n for _, n in self.egraph.all_function_sizes()) > node_limit:
+            if sum(n for _, n in egraph.all_function_sizes()) > node_limit:
                 break
-        enodes = sum(n for _, n in self.egraph.all_function_sizes())
+        enodes = sum(n for _, n in egraph.all_function_sizes())
         self.alg = AbstractAlgebra(factors_of(program))  # for the search's abstract values
-        self._nodes = _hashcons(self.egraph)
+        self._nodes = _hashcons(egraph)
         self._classes: dict[AE, str | None] = {}
         self._targets = [self.class_of(e) for e in outputs]
         self.stats = OracleStats((time.perf_counter() - t0) * 1e3, enodes, it, saturated)
