@@ -442,6 +442,10 @@ class KernelSearch:
             if match is None or match.id in {n.id for n in self.program.inputs}:
                 return None
             chosen.append(match.id)
+        used = set(chosen).union(*(k.tensor_inputs for k in s.kernels))
+        if any(t.id not in used for t in s.tensors):
+            self.pruned += 1
+            return None  # a tensor nothing reads: not a valid sGraph (checked here, before its analysis)
         needed = set(chosen)
         for k in reversed(s.kernels):
             if needed & set(k.outputs):
