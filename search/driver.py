@@ -12,10 +12,10 @@ Branch and bound on proofs: verification is most of a search's time, and only th
 candidates can matter: the winner, or the `contenders` best when a GPU re-times them. A shard
 carries the keys of the best candidates verified before its depth began; a candidate that the cost
 model ranks behind `contenders` verified ones (those, plus the shard's own) is not verified: it is
-kept, unproved, as `dominated` (shape reuse re-verifies what it re-instantiates). The bound depends
-only on the shard, so the verified set is still the same for any number of workers, and the best
-`contenders` are exactly those a search verifying everything would rank first (a candidate among
-them is never behind that many).
+kept, unproved, as `dominated` (shape reuse re-verifies what it re-instantiates). The result keeps
+the best `contenders` proved ones: exactly those a search verifying everything would rank first (a
+candidate among them is never behind that many), whatever the shard cut and number of workers.
+The same bound, as a time, cuts kernel graphs that cannot be fast enough (`KernelSearch.bound_s`).
 
 Anytime: when the time or state budget runs out, the search stops and returns what it has verified
 so far (the unfused baseline, verified first, is always among it). Results are deterministic for the
@@ -148,18 +148,22 @@ class Searcher:
         verified: list[Verified] = []
         rejected: list[tuple[str, str]] = []
         dominated: list[SGraph] = []
-        best = sorted(shard.contenders)
+        best = sorted(shard.contenders)[:shard.keep]
+
+        def bound() -> Key | None:  # the key a candidate must beat: the keep-th best proved
+            found = best[shard.keep - 1] if len(best) == shard.keep else None
+            ks.bound_s = found[0] if found else float("inf")
+            return found
+
         exhausted = False
         try:
-            bound = best[shard.keep - 1] if len(best) >= shard.keep else None
-            ks.bound_s = bound[0] if bound else float("inf")
+            limit = bound()
             for cand in ks.candidates_in(shard.depth, shard.choice, shard.part):
                 n = len(verified)
-                self.consider(cand, verified, rejected, dominated, bound)
+                self.consider(cand, verified, rejected, dominated, limit)
                 if len(verified) > n:
                     best = sorted({*best, verified[-1].sort_key()})[:shard.keep]
-                    bound = best[shard.keep - 1] if len(best) >= shard.keep else None
-                    ks.bound_s = bound[0] if bound else float("inf")
+                    limit = bound()
         except BudgetExhausted:
             exhausted = True
         finally:
@@ -277,7 +281,8 @@ def _keep_contenders(outcome: Outcome, unproved: dict[str, SGraph], contenders: 
     ordered = sorted(outcome.verified, key=Verified.sort_key)
     proved = {v.sgraph.dumps() for v in ordered}
     outcome.verified = [v for n, v in enumerate(ordered) if n < contenders or v.sgraph.name.endswith(".unfused")]
-    outcome.dominated = [v.sgraph for v in ordered if v not in outcome.verified]
+    kept = {id(v) for v in outcome.verified}
+    outcome.dominated = [v.sgraph for v in ordered if id(v) not in kept]
     outcome.dominated += [sg for text, sg in unproved.items() if text not in proved]
     outcome.stats.dominated = len(outcome.dominated)
 

@@ -243,12 +243,16 @@ class KernelSearch:
     def _unwritten(self, s: KState) -> float:
         return sum(self._output_bytes[i] for i in self._missing(s))
 
-    def _too_slow(self, s: KState, inputs: Sequence[int]) -> bool:
-        """Would any last kernel reading these tensors (and writing the outputs) exceed the bound?"""
+    def _last_kernel_floor(self, s: KState) -> float:
+        """The least time of `s` plus a last kernel that writes the missing outputs (before the
+        bytes that last kernel reads); 0 when there is no bound, so nothing is cut."""
         if self.bound_s == float("inf"):
-            return False
-        moved = sum(self._bytes(s.tensors[i]) for i in set(inputs)) + self._unwritten(s)
-        too_slow = self._spent(s) + self.launch_s + moved / self.bandwidth > self.bound_s
+            return 0.0
+        return self._spent(s) + self.launch_s + self._unwritten(s) / self.bandwidth
+
+    def _too_slow(self, s: KState, floor_s: float, inputs: Sequence[int]) -> bool:
+        """Would any last kernel reading these tensors exceed the bound?"""
+        too_slow = floor_s + sum(self._bytes(s.tensors[i]) for i in set(inputs)) / self.bandwidth > self.bound_s
         self.bounded += too_slow
         return too_slow
 
@@ -296,12 +300,13 @@ class KernelSearch:
         usable = [i for i, t in enumerate(s.tensors) if t.chunk is None]
         missing = self._missing(s) if final else []
         unused = self._unused(s) if final else []
+        floor_s = self._last_kernel_floor(s) if final else 0.0
         for op in self.space.library_ops:
             arity = ops.OPS[op].arity
             for args in _tuples(usable, arity):
                 if any(not unread & set(args) for unread in unused) or not self._reads_inputs(args, rereads):
                     continue
-                if final and self._too_slow(s, args):
+                if final and self._too_slow(s, floor_s, args):
                     self.pruned += 1
                     continue
                 for attrs in self._library_attrs.get(op, [{}]):
@@ -334,6 +339,7 @@ class KernelSearch:
         missing = self._missing(s) if final else []
         needed = self._inputs_of(missing) if final else set()
         unused = self._unused(s) if final else []
+        floor_s = self._last_kernel_floor(s) if final else 0.0
         for size in range(1, self.config.max_block_inputs + 1):
             for subset in combinations(indices, size):
                 if (only is not None and subset != only) or not self._reads_inputs(subset, rereads):
@@ -342,7 +348,7 @@ class KernelSearch:
                     continue
                 if final and not needed <= set().union(*(_leaves(s.tensors[i].ae) for i in subset)):
                     continue  # the last kernel must see every program input its outputs read
-                if final and self._too_slow(s, subset):
+                if final and self._too_slow(s, floor_s, subset):
                     self.pruned += 1
                     continue
                 chunks = {c.axis for i in subset if (c := s.tensors[i].chunk) is not None}
