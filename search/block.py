@@ -40,9 +40,14 @@ from superopt.verifier.oracle import AE, AV, AbstractAlgebra, Oracle
 
 T = TypeVar("T")
 OpRanks = tuple[tuple[str, int], ...]  # ops with their canonical ranks
+# A loop body with its accumulators, as a walk in parts hands it over: its place in the
+# breadth-first order (level, path, accumulator choice), its signature's digest and its ops.
+Step = tuple[str, tuple[int, ...], tuple[Any, ...], tuple[Any, ...]]
+Body = tuple[tuple[int, tuple[int, ...], int], int, tuple[Step, ...]]
 UNIT = -1  # the class of a size-1 dim: broadcasts against anything, never split
 MAX_ACCUMULATORS = 3  # per block graph, as in Mirage's generator
 MAX_OUTPUTS = 2  # per block graph (flash decoding writes partial numerators and denominators)
+SPLIT_WIDTH = 4  # a loop-body walk in parts deals out the first level this many times wider than parts
 BODY_CACHE_ENTRIES = 4  # block spaces whose accumulated loop bodies are kept (least recently used go)
 
 # Per-axis status of a tile: how it relates to the axis' split (see `_statuses`).
@@ -155,6 +160,8 @@ class Generator:
         self._memo: dict[tuple[Any, ...], AV | None] = {}
         self._post_memo: dict[tuple[Any, ...], tuple[int, list[tuple[Any, ...]]]] = {}
         self._bodies: dict[BlockState, Lazy[tuple[int, BlockState]]] = {}
+        # bodies handed over by `adopt_bodies`, by start state and part
+        self._adopted: dict[tuple[BlockState, tuple[int, int]], Lazy[tuple[int, BlockState]]] = {}
         self._pair_memo: dict[tuple[Any, ...], tuple[OpRanks, OpRanks]] = {}
         self._ids: dict[AE, int] = {}
         self._exprs: list[AE] = []
@@ -192,11 +199,56 @@ class Generator:
 
         `part` = (parts, index) keeps only the accumulator signatures whose stable digest falls in
         this part: distributed search splits one block space across workers this way. Every part
-        walks the same loop bodies (memoized per process), so each prunes exactly as one process
-        would."""
-        for digest, state in self._accumulated(start):
+        needs the loop bodies: walked whole once per process, or walked in parts beforehand
+        (`body_part`) and handed over, only this part's (`adopt_bodies`)."""
+        adopted = self._adopted.get((start, part))
+        for digest, state in adopted if adopted is not None else self._accumulated(start):
             if part[0] == 1 or digest % part[0] == part[1]:
                 yield from self._posts(state)
+
+    def body_part(self, start: BlockState, part: tuple[int, int]) -> list[Body]:
+        """This part's share of the loop bodies with their accumulators (see `_phase`), each with
+        its place in the breadth-first order of the whole walk, for `adopt_bodies`. A body whose
+        accumulators an earlier body of this part already has is left out: that one precedes it
+        in the whole walk too."""
+        seen: set[tuple[Any, ...]] = set()
+        out: list[Body] = []
+        for path, body in self._phase(start, 0, self.max_ops, part):
+            for n, state in enumerate(self._with_accumulators(body)):
+                signature = _signature(state, _first_post(state))
+                if signature not in seen:
+                    seen.add(signature)
+                    steps = tuple((t.op, t.args, t.attrs, t.consts) for t in state.tiles[len(start.tiles):])
+                    out.append(((len(path), path, n), self._digest(signature), steps))
+        return out
+
+    def adopt_bodies(self, start: BlockState, bodies: Sequence[Body], part: tuple[int, int] = (1, 0)) -> None:
+        """Take the loop bodies of `start` from the parts of a walk (`body_part`, all parts, in
+        any order) instead of walking them, those whose digest falls in `part`: rebuilt in
+        breadth-first order, they are exactly those `_accumulated` keeps for that part, in its
+        order. Kept for the life of this generator."""
+        if (start, part) in self._adopted:
+            return
+        built: dict[tuple[Any, ...], BlockState | None] = {(): start}  # bodies share prefixes
+        states = []
+        for _, digest, recipe in sorted(bodies):
+            if digest % part[0] != part[1]:
+                continue
+            steps = [step for step in recipe if step[0] != "acc"]
+            done = len(steps)
+            while tuple(steps[:done]) not in built:
+                done -= 1
+            state = built[tuple(steps[:done])]
+            for k in range(done, len(steps)):
+                state = next(self._try(state, *steps[k]), None) if state else None
+                built[tuple(steps[: k + 1])] = state
+            state = replace(state, last_key=()) if state else None  # accumulators: a new canonical order
+            for step in recipe[len(steps):]:
+                state = next(self._try(state, *step), None) if state else None
+            if state is None:
+                raise ValueError(f"a loop body handed over does not rebuild here: {recipe}")
+            states.append(replace(state, last_key=()))
+        self._adopted[start, part] = Lazy(self._first_per_signature(iter(states)))
 
     def _accumulated(self, start: BlockState) -> Iterator[tuple[int, BlockState]]:
         """Loop bodies with their accumulators chosen, each with its signature's digest. Two loop
@@ -206,60 +258,79 @@ class Generator:
         process that runs several parts of one block space enumerates its bodies once."""
         lazy = self._bodies.pop(start, None)
         if lazy is None:
-            lazy = Lazy(self._accumulate(start))
+            walk = (state for _, body in self._phase(start, 0, self.max_ops) for state in self._with_accumulators(body))
+            lazy = Lazy(self._first_per_signature(walk))
         self._bodies[start] = lazy  # most recently used last
         if len(self._bodies) > BODY_CACHE_ENTRIES:
             self._bodies.pop(next(iter(self._bodies)))
         return iter(lazy)
 
-    def _accumulate(self, start: BlockState) -> Iterator[tuple[int, BlockState]]:
+    def _first_per_signature(self, states: Iterator[BlockState]) -> Iterator[tuple[int, BlockState]]:
         seen: set[tuple[Any, ...]] = set()
-        for body in self._phase(start, 0, self.max_ops):
-            sinks = [k for k in range(len(body.tiles)) if k not in body.used]
-            if not sinks or len(sinks) > MAX_ACCUMULATORS:
+        for state in states:
+            signature = _signature(state, _first_post(state))
+            if signature in seen:
+                self.pruned += 1
                 continue
-            # Besides the sinks, a tile the body also reads may be accumulated when it holds a
-            # reduction (gathering an unreduced one after the loop adds nothing).
-            read = [k for k in range(len(body.tiles)) if k in body.used and _reduces(body.tiles[k].ae)]
-            for extra in range(MAX_ACCUMULATORS - len(sinks) + 1):
-                for more in combinations(read, extra):
-                    state: BlockState | None = replace(body, last_key=())
-                    for k in sorted((*sinks, *more)):
-                        state = next(self._try(state, "acc", (k,), ()), None) if state else None
-                    if state is None:
-                        continue
-                    first = next(k for k, t in enumerate(state.tiles) if t.phase == 1)
-                    signature = _signature(state, first)
-                    if signature in seen:
-                        self.pruned += 1
-                        continue
-                    seen.add(signature)
-                    yield self._digest(signature), replace(state, last_key=())
+            seen.add(signature)
+            yield self._digest(signature), state
 
-    def _phase(self, start: BlockState, phase: int, budget: int) -> Iterator[BlockState]:
-        """States reachable from `start` by ops of one phase, breadth-first by op count."""
-        frontier = [start]
+    def _with_accumulators(self, body: BlockState) -> Iterator[BlockState]:
+        """A loop body's choices of accumulators, in a fixed order. An empty body over untied
+        inputs has none: its loop would only load the inputs for the post-loop graph to compute
+        everything, which is the same graph computed in the loop body with no loop (a tiling
+        `resolve` always offers)."""
+        if body.nops == 0 and not body.tied:
+            return
+        sinks = [k for k in range(len(body.tiles)) if k not in body.used]
+        if not sinks or len(sinks) > MAX_ACCUMULATORS:
+            return
+        # Besides the sinks, a tile the body also reads may be accumulated when it holds a
+        # reduction (gathering an unreduced one after the loop adds nothing).
+        read = [k for k in range(len(body.tiles)) if k in body.used and _reduces(body.tiles[k].ae)]
+        for extra in range(MAX_ACCUMULATORS - len(sinks) + 1):
+            for more in combinations(read, extra):
+                state: BlockState | None = replace(body, last_key=())
+                for k in sorted((*sinks, *more)):
+                    state = next(self._try(state, "acc", (k,), ()), None) if state else None
+                if state is not None:
+                    yield replace(state, last_key=())
+
+    def _phase(
+        self, start: BlockState, phase: int, budget: int, part: tuple[int, int] = (1, 0),
+    ) -> Iterator[tuple[tuple[int, ...], BlockState]]:
+        """States reachable from `start` by ops of one phase, breadth-first by op count, each with
+        its path (its index among its parent's children, from `start` down: the walk's order is
+        by length, then path). `part` = (parts, index) walks one part's share: every part walks
+        the levels narrower than `SPLIT_WIDTH` x parts states (their states belong to part 0),
+        the first wider level is dealt round-robin, and each part walks below its own states."""
+        frontier: list[tuple[tuple[int, ...], BlockState]] = [((), start)]
+        split = part[0] == 1
         while frontier:
-            level: list[BlockState] = []
-            for s in frontier:
+            if not split and len(frontier) >= SPLIT_WIDTH * part[0]:
+                frontier, split = frontier[part[1]::part[0]], True
+            level: list[tuple[tuple[int, ...], BlockState]] = []
+            for path, s in frontier:
                 self.states += 1
                 if self.on_state is not None:
                     self.on_state()
-                yield s
-                level.extend(n for n in self._moves(s, phase) if n.nops <= budget)
+                if split or part[1] == 0:
+                    yield path, s
+                level.extend((
+                    (*path, n), c) for n, c in enumerate(m for m in self._moves(s, phase) if m.nops <= budget))
             frontier = level
 
     def _posts(self, accs: BlockState) -> Iterator[BlockState]:
         """Complete post-loop graphs over these accumulators, memoized by their signature. Bodies
         come in increasing op count, so the first request for a signature has the most room left;
         later ones replay the recipes that fit their own room."""
-        first = next(k for k, t in enumerate(accs.tiles) if t.phase == 1)
+        first = _first_post(accs)
         key = _signature(accs, first)
         room = self.max_ops - accs.nops
         computed, recipes = self._post_memo.get(key, (-1, []))
         if room > computed:
             recipes = []
-            for s in self._phase(replace(accs, nops=0), 1, room):
+            for _, s in self._phase(replace(accs, nops=0), 1, room):
                 if self.complete(s):
                     recipes.append(tuple(_recipe(t, first) for t in s.tiles[len(accs.tiles):]))
             self._post_memo[key] = (room, recipes)
@@ -514,6 +585,11 @@ def _signature(s: BlockState, first: int) -> tuple[Any, ...]:
             dims.append(UNIT if root == UNIT else (renumber.setdefault(root, len(renumber)), s.classes.size[root]))
         out.append((t.aid, t.pdims, tuple(dims), t.gathers))
     return tuple(out)
+
+
+def _first_post(s: BlockState) -> int:
+    """The index of a state's first accumulator (post-loop tiles follow it)."""
+    return next(k for k, t in enumerate(s.tiles) if t.phase == 1)
 
 
 def _recipe(t: Tile, first: int) -> tuple[Any, ...]:

@@ -1,9 +1,11 @@
 """Distributed search on Ray: a depth's shards run as Ray tasks; the driver merges their results.
 
-Each task runs one shard (`superopt.search.driver.Shard`: the first kernel's choice and a part of
-its block graphs). A worker process keeps one `Searcher` per job — the oracle is saturated once
-and the memoized block graphs are reused by every shard of that job the worker runs. Results merge
-in a total order, so 1 and N workers return the same verified set and winner. A worker that dies
+Each task runs one shard (`superopt.search.driver.Shard`): a part of the loop bodies of a first
+kernel's block space (walked first, in parts), or the first kernel's choice and a part of its
+block graphs, given the loop bodies of that part. A worker process keeps one `Searcher` per job —
+the oracle is saturated once and the memoized block graphs are reused by every shard of that job
+the worker runs. Shards are submitted two per worker ahead, each made with the proofs merged so
+far. Results merge in a total order, so 1 and N workers return the same verified set and winner. A worker that dies
 mid-shard costs a retry (Ray re-runs the task, `max_retries`); a shard that raises fails the search
 with its error (`ShardFailed` names the shard), never silently.
 
@@ -29,6 +31,7 @@ from superopt.targets import Target
 
 SMALL_JOB = 6  # block ops x program inputs at or below which Ray is not worth starting
 PARTS_PER_WORKER = 8  # block-graph parts per first-kernel choice and worker: small shards balance better
+IN_FLIGHT_PER_WORKER = 2  # shards submitted ahead per worker: one running, one queued
 FAULT_KILL_ONCE = "SUPEROPT_FAULT_KILL_ONCE"  # test equipment: a file path; see _maybe_die
 
 
@@ -56,20 +59,27 @@ def run_distributed(
     job = uuid.uuid4().hex  # a rerun of the same program is a new job: it starts from a fresh Searcher
     env_fault = os.environ.get(FAULT_KILL_ONCE)
 
-    def executor(shards: list[Shard], deadline: float, states_left: int | None) -> Iterator[ShardResult]:
-        pending = {
-            task.remote(job, program_ref, target, config, shard, deadline, states_left, env_fault): shard
-            for shard in shards
-        }
+    def executor(shards: Iterator[Shard], deadline: float, states_left: int | None) -> Iterator[ShardResult]:
+        pending: dict[Any, Shard] = {}
+
+        def submit() -> None:  # a shard is taken only now: it starts with the proofs merged so far
+            shard = next(shards, None)
+            if shard is not None:
+                pending[task.remote(job, program_ref, target, config, shard, deadline, states_left, env_fault)] = shard
+
+        for _ in range(workers * IN_FLIGHT_PER_WORKER):
+            submit()
         while pending:
             done, _ = ray.wait(list(pending), num_returns=1)
             shard = pending.pop(done[0])
             try:
-                yield ray.get(done[0])
+                result = ray.get(done[0])
             except ray.exceptions.RayTaskError as e:
                 for ref in pending:
                     ray.cancel(ref)
                 raise ShardFailed(f"shard {_describe(shard)} failed: {e.cause!r}") from None
+            yield result  # merged by the driver before the next shard is taken
+            submit()
 
     stats = SearchStats(symbolic=not config.concrete, workers=workers, executor="ray")
     return run_search(program, target, config, budget_s=budget_s, max_states=max_states, progress=progress,
@@ -90,7 +100,8 @@ def _ray(workers: int, address: str | None) -> Any:
 def _describe(shard: Shard) -> str:
     kind, what = shard.choice
     parts = f", part {shard.part[1] + 1}/{shard.part[0]}" if shard.part[0] > 1 else ""
-    return f"depth {shard.depth}, first kernel {kind} {what}{parts}"
+    walk = " (loop bodies)" if shard.walk else ""
+    return f"depth {shard.depth}, first kernel {kind} {what}{parts}{walk}"
 
 
 _SEARCHERS: dict[str, Searcher] = {}  # per worker process: the Searcher of the job it last ran

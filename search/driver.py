@@ -3,16 +3,20 @@
 The search runs depth by depth (kernel count); each depth is cut into shards — the choices of the
 first kernel, optionally split further into parts of its block graphs (`Shard`) — that an
 executor runs: in this process one after another (`run_search`), or as Ray tasks
-(`superopt.search.distributed`). A shard's verified candidates do not depend on which process
-ran it, and the merge sorts them by a total order, so any number of workers returns the same
-verified set and winner. Between depths the driver decides whether deeper kernel graphs can still
-win (launch overhead alone bounds them).
+(`superopt.search.distributed`). Split into parts, a first kernel's loop bodies are walked first,
+in parts too, and each graph shard is handed those of its part (every part needs them). A
+shard's verified candidates do not depend on which process ran it, and the merge sorts them by a
+total order, so any number of workers returns the same verified set and winner. Between depths
+the driver decides whether deeper kernel graphs can still win (launch overhead alone bounds them).
 
 Branch and bound on proofs: verification is most of a search's time, and only the best few
 candidates can matter: the winner, or the `contenders` best when a GPU re-times them. A shard
 carries the keys of the best candidates verified before its depth began; a candidate that the cost
 model ranks behind `contenders` verified ones (those, plus the shard's own) is not verified: it is
-kept, unproved, as `dominated` (shape reuse re-verifies what it re-instantiates). The result keeps
+kept, unproved, as `dominated` (shape reuse re-verifies what it re-instantiates); one that ties
+that bound in time and kernel count is deferred to the driver, which proves the best of them once
+the depth is done (`settle`): ties ordered only by text would otherwise be proved once per shard
+that meets a smaller one. The result keeps
 the best `contenders` proved ones: exactly those a search verifying everything would rank first (a
 candidate among them is never behind that many), whatever the shard cut and number of workers.
 The same bound, as a time, cuts kernel graphs that cannot be fast enough (`KernelSearch.bound_s`).
@@ -27,7 +31,7 @@ from __future__ import annotations
 import resource
 import time
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from superopt import costmodel
@@ -36,6 +40,7 @@ from superopt.build import unfused_baseline
 from superopt.config import SearchConfig
 from superopt.program import Program
 from superopt.result import SearchStats, Verdict
+from superopt.search.block import Body
 from superopt.search.instantiation import Ranked, rank
 from superopt.search.kernel import BudgetExhausted, FirstChoice, KernelSearch
 from superopt.search.space import space_of
@@ -82,6 +87,8 @@ class Shard:
     part: tuple[int, int] = (1, 0)  # (parts, index) of the first kernel's block graphs
     contenders: tuple[Key, ...] = ()  # the best verified when its depth began (the verification bound)
     keep: int = 1  # how many of the best candidates must be verified
+    walk: bool = False  # only walk this part of the first kernel's loop bodies (see run_search)
+    bodies: tuple[Body, ...] | None = None  # the first kernel's loop bodies of this part, walked beforehand
 
 
 @dataclass
@@ -93,7 +100,9 @@ class ShardResult:
     pruned: int
     exhausted: bool
     dominated: list[SGraph] = field(default_factory=list)
+    deferred: list[tuple[Key, SGraph]] = field(default_factory=list)  # tied with the bound: see settle
     bounded: int = 0  # kernel-graph states cut by the time bound
+    bodies: list[Body] = field(default_factory=list)  # a walk shard's loop bodies
 
 
 class Searcher:
@@ -111,17 +120,23 @@ class Searcher:
         self.decided: dict[str, Verified | str | list[Ranked]] = {}
 
     def consider(self, sg: SGraph, verified: list[Verified], rejected: list[tuple[str, str]],
-                 dominated: list[SGraph] | None = None, bound: Key | None = None) -> None:
+                 dominated: list[SGraph] | None = None, bound: Key | None = None,
+                 deferred: list[tuple[Key, SGraph]] | None = None) -> None:
         """Rank a candidate's instantiations, then verify it unless it ranks behind `bound` (then it
-        goes to `dominated`); a dropped one is recorded with why. Decisions are remembered: a
-        worker re-running a job's shard does not verify twice."""
+        goes to `dominated`) or ties it in time and kernel count, ahead only by its text (then it
+        goes to `deferred`, for the driver to settle); a dropped one is recorded with why.
+        Decisions are remembered: a worker re-running a job's shard does not verify twice."""
         text = sg.dumps()
         decision = self.decided.get(text)
         if decision is None:
             decision = self.decided[text] = self._rank(sg)
         if isinstance(decision, list):
-            if bound is not None and dominated is not None and _key(sg, decision) > bound:
+            key = _key(sg, decision)
+            if bound is not None and dominated is not None and key > bound:
                 dominated.append(sg)
+                return
+            if bound is not None and deferred is not None and key[:2] == bound[:2]:
+                deferred.append((key, sg))
                 return
             decision = self.decided[text] = self._verify(sg, decision)
         if isinstance(decision, Verified):
@@ -148,6 +163,7 @@ class Searcher:
         verified: list[Verified] = []
         rejected: list[tuple[str, str]] = []
         dominated: list[SGraph] = []
+        deferred: list[tuple[Key, SGraph]] = []
         best = sorted(shard.contenders)[:shard.keep]
 
         def bound() -> Key | None:  # the key a candidate must beat: the keep-th best proved
@@ -157,10 +173,16 @@ class Searcher:
 
         exhausted = False
         try:
+            if shard.walk:
+                bodies = ks.body_part(shard.choice, shard.part)
+                return ShardResult(shard, [], [], ks.total_states - states0, ks.total_pruned - pruned0, False,
+                                   bodies=bodies)
+            if shard.bodies is not None:
+                ks.adopt_bodies(shard.choice, shard.bodies, shard.part)
             limit = bound()
             for cand in ks.candidates_in(shard.depth, shard.choice, shard.part):
                 n = len(verified)
-                self.consider(cand, verified, rejected, dominated, limit)
+                self.consider(cand, verified, rejected, dominated, limit, deferred)
                 if len(verified) > n:
                     best = sorted({*best, verified[-1].sort_key()})[:shard.keep]
                     limit = bound()
@@ -168,12 +190,15 @@ class Searcher:
             exhausted = True
         finally:
             ks.bound_s = float("inf")
+        shard = replace(shard, bodies=None)  # the driver has them: not sent back
         return ShardResult(shard, verified, rejected, ks.total_states - states0, ks.total_pruned - pruned0, exhausted,
-                           dominated, ks.bounded - bounded0)
+                           dominated, deferred, ks.bounded - bounded0)
 
 
-# An executor runs a depth's shards and yields their results (in any order).
-Executor = Callable[[list[Shard], float, "int | None"], Iterable[ShardResult]]
+# An executor runs a depth's shards and yields their results (in any order). It takes each shard
+# from the iterator only when it can start it: a shard is made with what the results merged so far
+# have proved.
+Executor = Callable[[Iterator[Shard], float, "int | None"], Iterable[ShardResult]]
 
 
 def run_search(
@@ -190,6 +215,7 @@ def run_search(
     outcome = Outcome([], stats)
     seen: set[str] = set()
     unproved: dict[str, SGraph] = {}  # dominated candidates, in the order they were merged
+    tied: dict[str, tuple[Key, SGraph]] = {}  # deferred candidates not settled yet, by text
     last = [0.0]
 
     live_best = [float("inf")]  # best verified in this process, before its shard is merged
@@ -234,18 +260,38 @@ def run_search(
             text = sg.dumps()
             if text not in unproved:
                 unproved[text] = sg
+        for key, sg in result.deferred:
+            tied.setdefault(key[2], (key, sg))
         stats.budget_exhausted |= result.exhausted
+
+    def settle() -> None:
+        """Verify deferred candidates, best first, until the best `contenders` are all proved.
+        Shards defer a candidate that ties the proved one it must beat in time and kernel count
+        (it would win only by its text): shards find such ties in an order of their own, and
+        proving each tie as found would repeat proofs across shards; one proof here usually does."""
+        while True:
+            proved = sorted(v.sort_key() for v in outcome.verified)
+            cut = proved[contenders - 1] if len(proved) >= contenders else None
+            waiting = sorted(key for key, _ in tied.values() if cut is None or key < cut)
+            if not waiting:
+                return
+            _, sg = tied.pop(waiting[0][2])
+            settled: list[Verified] = []
+            rejected: list[tuple[str, str]] = []
+            local.consider(sg, settled, rejected)
+            merge(ShardResult(Shard(0, ("settle", None)), settled, rejected, 0, 0, False))
 
     baseline: list[Verified] = []
     local.consider(unfused_baseline(program), baseline, outcome.rejected)
     merge(ShardResult(Shard(0, ("baseline", None)), baseline, [], 0, 0, False))
 
-    def in_process(shards: list[Shard], deadline: float, states_left: int | None) -> Iterator[ShardResult]:
+    def in_process(shards: Iterator[Shard], deadline: float, states_left: int | None) -> Iterator[ShardResult]:
         for shard in shards:
             base_states[0], base_pruned[0] = local.search.total_states, local.search.total_pruned
             yield local.run(shard, deadline, None if max_states is None else max(0, max_states - stats.states))
 
     run = executor or in_process
+    walked: dict[tuple[FirstChoice, int], tuple[Body, ...]] = {}  # first kernels' loop bodies, by choice and part
     floor_s = costmodel.floor(program, target).time_s
     for depth in range(1, config.max_kernel_ops + 1):
         # Any schedule of `depth` kernels pays that many launches over the program's physical floor:
@@ -253,9 +299,27 @@ def run_search(
         best = min((v.best.estimate.time_s for v in outcome.verified), default=None)
         if best is not None and best <= floor_s + depth * target.launch_overhead_s:
             break
-        known = tuple(sorted(v.sort_key() for v in outcome.verified)[:contenders])
-        shards = [Shard(depth, choice, (parts, i), known, contenders) for choice in local.search.first_choices(depth)
-                  for i in range(parts if choice[0] == "graph" else 1)]
+        choices = local.search.first_choices(depth)
+        if parts > 1 and not config.concrete:
+            # Every part of a first kernel's block graphs starts from the same loop bodies: walk
+            # them in parts first (once per choice: deeper graphs start the same way), then hand
+            # each graph shard those of its part.
+            todo = [c for c in choices if c[0] == "graph" and (c, 0) not in walked]
+            found_bodies: dict[FirstChoice, list[Body]] = {c: [] for c in todo}
+            for result in run((Shard(depth, c, (parts, i), walk=True) for c in todo for i in range(parts)),
+                              deadline, None if max_states is None else max_states - stats.states):
+                merge(result)
+                found_bodies[result.shard.choice] += result.bodies
+            if stats.budget_exhausted:
+                break
+            for c, bodies in found_bodies.items():  # each graph shard gets the bodies of its part
+                for i in range(parts):
+                    walked[c, i] = tuple(b for b in bodies if b[1] % parts == i)
+        # Each shard is made when the executor takes it, with the best proved by then: shards
+        # that start later verify less.
+        shards = (Shard(depth, choice, (parts, i), tuple(sorted(v.sort_key() for v in outcome.verified)[:contenders]),
+                        contenders, bodies=walked.get((choice, i)))
+                  for choice in choices for i in range(parts if choice[0] == "graph" else 1))
         bounded = False
         for result in run(shards, deadline, None if max_states is None else max_states - stats.states):
             merge(result)
@@ -263,9 +327,11 @@ def run_search(
             report("verify")
         if stats.budget_exhausted:
             break
+        settle()
         if stats.generic_depth == stats.depth and not bounded:
             stats.generic_depth = depth  # every graph of this many kernels was generated: for any shape
         stats.depth = depth
+    unproved.update((text, sg) for text, (_, sg) in tied.items() if text not in unproved)
     _keep_contenders(outcome, unproved, contenders)
     stats.seconds = time.monotonic() - t0
     stats.peak_rss_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024

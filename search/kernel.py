@@ -34,6 +34,7 @@ from superopt.primitives import apply
 from superopt.program import Program
 from superopt.search.block import (
     BlockState,
+    Body,
     Chunk,
     Generator,
     InputSpec,
@@ -166,6 +167,21 @@ class KernelSearch:
         # exhausted budget has seen: every shard is searched when time allows.)
         graphs.sort(key=lambda c: -len(c[1]))
         return graphs + library
+
+    def body_part(self, choice: FirstChoice, part: tuple[int, int]) -> list[Body]:
+        """A part of the loop bodies of a graph choice's first kernel (`Generator.body_part`)."""
+        assert self._gen is not None
+        return self._gen.body_part(self._first_start(choice), part)
+
+    def adopt_bodies(self, choice: FirstChoice, bodies: Sequence[Body], part: tuple[int, int]) -> None:
+        """Use these loop bodies (all parts of `body_part`) for a part of the choice's first kernel."""
+        assert self._gen is not None
+        self._gen.adopt_bodies(self._first_start(choice), bodies, part)
+
+    def _first_start(self, choice: FirstChoice) -> BlockState:
+        assert self._gen is not None and choice[0] == "graph"
+        root = self.initial()
+        return self._gen.start([self._spec(root.tensors[i], i, False) for i in choice[1]])
 
     def candidates_in(self, depth: int, choice: FirstChoice, part: tuple[int, int] = (1, 0)) -> Iterator[SGraph]:
         """Candidates of `depth` kernels whose first kernel is `choice`; `part` splits the first

@@ -148,6 +148,9 @@ def interpretation_cost(sg: SGraph, values: Mapping[str, int]) -> int:
     return total
 
 
+CHECK_COST_RATIO = 16  # checked assignments cost at most this many times the cheapest one
+
+
 def pick_for_checks(sg: SGraph, target: Target, k: int = 3, pool: int = 4000) -> list[dict[str, int]]:
     """k valid assignments for numeric checks: every symbol above 1 where possible (a split by 1
     hides a wrong map), cheap to interpret, and as different from each other as possible."""
@@ -159,9 +162,13 @@ def pick_for_checks(sg: SGraph, target: Target, k: int = 3, pool: int = 4000) ->
     if not cands:
         return []
     syms = sorted(sg.symbols)
-    ranked = sorted(cands, key=lambda v: (sum(v[s] == 1 for s in syms), interpretation_cost(sg, v)))
+    cost = {id(v): interpretation_cost(sg, v) for v in cands}
+    ranked = sorted(cands, key=lambda v: (sum(v[s] == 1 for s in syms), cost[id(v)]))
     chosen = [ranked[0]]
-    budget = ranked[: max(k * 20, 50)]
+    # Diversity within a cost cap: the most different values are often the largest, and the
+    # interpreter's time grows with block-iterations (a check of 512 took 0.4 s, of 16 0.02 s).
+    cap = CHECK_COST_RATIO * max(cost[id(ranked[0])], 1)
+    budget = [v for v in ranked[: max(k * 20, 50)] if cost[id(v)] <= cap]
     while len(chosen) < min(k, len(cands)):
         best = max(
             (v for v in budget if v not in chosen),

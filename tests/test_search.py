@@ -146,7 +146,7 @@ def test_symbolic_search_visits_fewer_states_than_concrete(h100, searched):
 
 def test_budget_returns_the_best_so_far(h100):
     program = workloads.resolve("gated_mlp:ci")
-    outcome = run_search(program, h100, SearchConfig(), max_states=20)
+    outcome = run_search(program, h100, SearchConfig(), max_states=2)
     assert outcome.stats.budget_exhausted
     assert outcome.best.sgraph.name.endswith(".unfused")  # the baseline is verified before searching
 
@@ -327,3 +327,74 @@ def test_time_bound_never_exceeds_the_cost_models_estimate(h100):
             if checked > 40:
                 return
     assert checked > 10
+
+
+def test_loop_bodies_walked_in_parts_rebuild_the_whole_walk():
+    """Distributed search walks a block space's loop bodies in parts and hands them to every graph
+    shard, which rebuilds those of its own part: it then completes exactly the block graphs, in
+    the same order, that a generator walking every body itself completes for that part, though
+    each walk part walked only its share."""
+    program = workloads.resolve("rmsnorm_mlp:ci")
+    oracle = Oracle(program)
+    ks = KernelSearch(program, space_of(program), oracle, SearchConfig())
+    specs = [ks._spec(t, i, False) for i, t in enumerate(ks.initial().tensors)]
+
+    def graphs(gen: Generator, part: tuple[int, int]) -> list[list[tuple]]:
+        return [[(t.op, t.args, t.attrs, t.consts, t.dims, t.ae) for t in s.tiles]
+                for s in gen.complete_graphs(gen.start(specs), part)]
+
+    walks = []
+    for i in range(3):
+        gen = Generator(space_of(program), oracle, 6)
+        walks.append(gen.body_part(gen.start(specs), (3, i)))
+    whole = Generator(space_of(program), oracle, 6)
+    n_bodies = sum(1 for _ in whole._accumulated(whole.start(specs)))
+    assert all(0 < len(w) < n_bodies for w in walks)
+    for part in ((2, 0), (2, 1)):
+        adopted = Generator(space_of(program), oracle, 6)
+        adopted.adopt_bodies(adopted.start(specs), [b for w in reversed(walks) for b in w], part)
+        assert graphs(adopted, part) == graphs(whole, part)
+
+
+def test_a_search_in_parts_returns_what_one_walk_does(h100, monkeypatch):
+    """The driver walks each first kernel's loop bodies in parts, then gives every graph shard
+    those of its part: same verified set and winner as an undivided search. Shards defer the
+    candidates that tie their bound but for the text; the driver settles them."""
+    from superopt.search import driver
+
+    program = workloads.resolve("rmsnorm_mlp:ci")
+    shards: list[driver.Shard] = []
+    deferred: list[tuple] = []
+    run = driver.Searcher.run
+
+    def recording(self, shard, *args):
+        shards.append(shard)
+        result = run(self, shard, *args)
+        deferred.extend(result.deferred)
+        return result
+
+    monkeypatch.setattr(driver.Searcher, "run", recording)
+    whole = run_search(program, h100, SearchConfig())
+    assert not any(s.walk or s.bodies is not None for s in shards)
+    shards.clear()
+    split = run_search(program, h100, SearchConfig(), parts=3)
+    walks = [s for s in shards if s.walk]
+    graphs = [s for s in shards if not s.walk and s.choice[0] == "graph"]
+    assert [s.part for s in walks] == [(3, 0), (3, 1), (3, 2)] and all(s.bodies is not None for s in graphs)
+    assert sorted(v.sgraph.dumps() for v in split.verified) == sorted(v.sgraph.dumps() for v in whole.verified)
+    assert split.best.sgraph.dumps() == whole.best.sgraph.dumps()
+    assert deferred and all(key[:2] == split.best.sort_key()[:2] for key, _ in deferred)
+
+
+def test_an_empty_loop_body_is_accumulated_only_over_tied_inputs():
+    """With untied inputs, an empty loop body only loads them and the post-loop graph does all the
+    work: the same graph in the body with no loop covers it, so no block graph has an empty body.
+    Over inputs tied to a chunk axis (merging partial results) the accumulators sum the chunks:
+    such graphs are kept."""
+    program = workloads.resolve("rmsnorm_matmul:ci")
+    gen = Generator(space_of(program), Oracle(program), 4)
+    untied = [InputSpec(0, (4, 64), ("inp", "X"), (0, 1)), InputSpec(1, (64, 48), ("inp", "W"), (1, 2))]
+    graphs = list(gen.complete_graphs(gen.start(untied)))
+    assert graphs and all(any(t.phase == 0 and t.op != "input" for t in s.tiles) for s in graphs)
+    tied = [InputSpec(0, (4, 8), ("inp", "X"), (0, 1), tied_dim=1)]
+    assert any(s.nops == 0 for s in gen._with_accumulators(gen.start(tied)))
