@@ -115,7 +115,7 @@ class Searcher:
         self.program, self.target, self.config = program, target, config
         self.on_verified = on_verified  # told of each verified candidate as it is found
         self.search = KernelSearch(program, space_of(program), Oracle(program), config, on_state=on_state,
-                                   bandwidth=target.dram_bytes_per_s, launch_s=target.launch_overhead_s)
+                                   target=target)
         # candidate text -> its verification, why it was dropped, or its ranking (not verified yet)
         self.decided: dict[str, Verified | str | list[Ranked]] = {}
 

@@ -26,7 +26,8 @@ from dataclasses import dataclass, field
 from itertools import combinations
 from typing import Any
 
-from superopt import ops
+from superopt import costmodel, ops
+from superopt.assignments import bounded_candidates
 from superopt.config import SearchConfig
 from superopt.dimclasses import input_classes
 from superopt.dtypes import dtype as get_dtype
@@ -45,6 +46,7 @@ from superopt.search.block import (
 from superopt.search.space import Space
 from superopt.sgraph import GraphKernel, Kernel, LibraryKernel, SGraph, SGraphError, TensorDecl, analyze
 from superopt.sizes import Size
+from superopt.targets import Target
 from superopt.verifier.oracle import AE, Oracle, abstract_program
 
 
@@ -86,16 +88,22 @@ class KernelSearch:
     block_cache: dict[tuple[Any, ...], Lazy[BlockState]] = field(default_factory=dict)
     on_state: Callable[[KernelSearch], None] | None = None
     deepen: Callable[[int], bool] | None = None
-    # Branch and bound: graphs that must take longer than `bound_s` are not built. Every kernel
-    # costs a launch plus the bytes of the tensors it reads and writes at `bandwidth` (the cost
-    # model never charges less), so kernels already chosen and the last one's inputs bound it.
+    # Branch and bound: graphs that must take longer than `bound_s` on `target` are not built.
+    # Kernels already chosen take at least the cost model's best time for them alone; every
+    # kernel to come costs a launch plus the bytes of the tensors it reads and writes at full
+    # bandwidth (the cost model never charges less).
     bound_s: float = float("inf")
-    bandwidth: float = float("inf")  # DRAM bytes per second
-    launch_s: float = 0.0
+    target: Target | None = None
+    bandwidth: float = field(init=False, default=float("inf"))  # DRAM bytes per second
+    launch_s: float = field(init=False, default=0.0)
     bounded: int = 0  # graphs cut by the bound (they might win at another shape)
     _gen: Generator | None = None
 
     def __post_init__(self) -> None:
+        if self.target is not None:
+            self.bandwidth, self.launch_s = self.target.dram_bytes_per_s, self.target.launch_overhead_s
+        self._kernel_floors: dict[str, float] = {}  # kernel and input shapes (text) -> least estimated time
+        self._estimates: dict[str, float] = {}  # kernels (text) -> the sum of their floors
         self._gen = Generator(self.space, self.oracle, self.config.max_block_ops, on_state=self._tick)
         self._alg = self.oracle.alg
         self._outputs = [self.program.nodes[o] for o in self.program.outputs]
@@ -246,7 +254,9 @@ class KernelSearch:
         return math.prod(dims) * self._nbytes
 
     def _spent(self, s: KState) -> float:
-        """The least time the kernels of `s` take: launches, and reading and writing their tensors."""
+        """The least time the kernels of `s` take: launches, and reading and writing their tensors;
+        once there is a bound, the cost model's estimate of these kernels alone at their best
+        sizes (`inf` when no sizes are valid: no graph that contains them can be instantiated)."""
         size = {t.id: self._bytes(t) for t in s.tensors}
         total = 0.0
         for k in s.kernels:
@@ -254,6 +264,41 @@ class KernelSearch:
                 continue  # free: a launch argument, a view
             moved = sum(size[i] for i in k.tensor_inputs) + sum(size[o] for o in k.outputs)
             total += self.launch_s + moved / self.bandwidth
+        if self.bound_s == float("inf") or self.target is None or not s.kernels:
+            return total
+        return max(total, self._estimated(s))
+
+    def _estimated(self, s: KState) -> float:
+        """A lower bound of the cost model's time for the kernels of `s` in any graph containing
+        them: the sum of each kernel's least estimate over every size its symbols can take there
+        (a larger graph adds constraints, never values), or 0 when that is not known. Each
+        kernel's is kept: deeper graphs share their first kernels."""
+        assert self.target is not None
+        whole = repr(s.kernels)
+        hit = self._estimates.get(whole)
+        if hit is None:
+            hit = self._estimates[whole] = self._sum_of_floors(s)
+        return hit
+
+    def _sum_of_floors(self, s: KState) -> float:
+        assert self.target is not None
+        read = set().union(*(k.tensor_inputs for k in s.kernels))
+        produced = [o for k in s.kernels for o in k.outputs]
+        decls = tuple(TensorDecl(n.id, n.shape, n.dtype or "f32") for n in self.program.inputs if n.id in read)
+        try:
+            sg = SGraph(decls, s.kernels, tuple(o for o in produced if o not in read), "prefix")
+            values = bounded_candidates(sg)
+        except SGraphError:
+            return 0.0
+        if values is None:
+            return 0.0
+        total = 0.0
+        for k in s.kernels:
+            key = repr((k, [sg.info.shapes[t] for t in k.tensor_inputs]))
+            floor = self._kernel_floors.get(key)
+            if floor is None:
+                floor = self._kernel_floors[key] = costmodel.kernel_floor(sg, self.target, k, values)
+            total += floor
         return total
 
     def _unwritten(self, s: KState) -> float:

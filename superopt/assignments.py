@@ -23,6 +23,24 @@ def divisors(n: int) -> list[int]:
 def candidates(sg: SGraph, unbounded: int = 64) -> dict[str, list[int]]:
     """Per symbol, the divisors of every constant size it must divide (powers of two up to
     `unbounded` for a symbol no constraint bounds)."""
+    bound = _bounds(sg)
+    out: dict[str, list[int]] = {}
+    for s in sorted(sg.symbols):
+        out[s] = divisors(bound[s]) if s in bound else [2**i for i in range(unbounded.bit_length())]
+    return out
+
+
+def bounded_candidates(sg: SGraph) -> dict[str, list[int]] | None:
+    """Every value each symbol can take in this sGraph or any sGraph that contains it (more
+    constraints only remove divisors), or None when a symbol is unbounded here."""
+    bound = _bounds(sg)
+    if not sg.symbols <= bound.keys():
+        return None
+    return {s: divisors(bound[s]) for s in sorted(sg.symbols)}
+
+
+def _bounds(sg: SGraph) -> dict[str, int]:
+    """Per symbol, the gcd of the constant sizes it must divide."""
     bound: dict[str, int] = {}
     for c in sg.info.constraints:
         if c.kind != "divides":
@@ -33,10 +51,7 @@ def candidates(sg: SGraph, unbounded: int = 64) -> dict[str, list[int]]:
             for s, e in mono:
                 if e < 0:
                     bound[s] = gcd(bound.get(s, 0), coeff.numerator)
-    out: dict[str, list[int]] = {}
-    for s in sorted(sg.symbols):
-        out[s] = divisors(bound[s]) if s in bound else [2**i for i in range(unbounded.bit_length())]
-    return out
+    return bound
 
 
 def _compile(c: Constraint, target: Target) -> Callable[[Mapping[str, int]], bool]:

@@ -313,6 +313,17 @@ def _rank_group(
     return out
 
 
+def kernel_floor(sg: SGraph, target: Target, kernel: Kernel, candidates: Mapping[str, list[int]]) -> float:
+    """The least estimated time of one kernel of `sg`, over every assignment (from `candidates`)
+    of the symbols its estimate depends on that meets the constraints on those symbols alone;
+    `inf` when none does. A lower bound of the kernel's share of any instantiation of `sg`."""
+    symbols = frozenset(_kernel_symbols(sg, kernel)) | frozenset(
+        s for c in sg.info.constraints if c.kernel == kernel.id for s in c.expr.symbols)
+    estimate = _library if isinstance(kernel, LibraryKernel) else _graph
+    return min((estimate(Instance(sg, values, target), kernel).time_s  # type: ignore[arg-type]
+                for values in enumerate_assignments(sg, target, candidates, symbols=symbols)), default=math.inf)
+
+
 def best_params(sg: SGraph, target: Target) -> dict[str, int]:
     """The valid assignment with the lowest estimated time, over every divisor of every split."""
     best = rank(sg, target, keep=1)

@@ -13,7 +13,7 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from fractions import Fraction
-from functools import reduce
+from functools import cached_property, reduce
 
 Monomial = tuple[tuple[str, int], ...]  # sorted (symbol, nonzero exponent) pairs
 
@@ -127,22 +127,33 @@ class Size:
             out = out + term
         return out
 
+    @cached_property
+    def _int_terms(self) -> tuple[tuple[Monomial, int, int], ...]:
+        return tuple((mono, coeff.numerator, coeff.denominator) for mono, coeff in self.terms)
+
     def int_value(self, values: Mapping[str, int] | None = None) -> int:
-        """The value as an int (exact integer arithmetic; the hot path of instantiation)."""
+        """The value as an int (exact integer arithmetic; the hot path of instantiation and of
+        the cost model, hence the coefficients kept as ints)."""
         values = values or {}
         num, den = 0, 1
-        for mono, coeff in self.terms:
-            tn, td = coeff.numerator, coeff.denominator
+        for mono, tn, td in self._int_terms:
             for s, e in mono:
                 try:
                     v = values[s]
                 except KeyError:
                     raise SizeError(f"no value for {s} in {self}") from None
-                if e > 0:
+                if e == 1:
+                    tn *= v
+                elif e == -1:
+                    td *= v
+                elif e > 0:
                     tn *= v**e
                 else:
                     td *= v ** (-e)
-            num, den = num * td + tn * den, den * td
+            if td == 1 and den == 1:
+                num += tn
+            else:
+                num, den = num * td + tn * den, den * td
         if num % den:
             raise SizeError(f"{self} = {Fraction(num, den)} is not an integer")
         return num // den
