@@ -316,10 +316,12 @@ def run_search(
                 for i in range(parts):
                     walked[c, i] = tuple(b for b in bodies if b[1] % parts == i)
         # Each shard is made when the executor takes it, with the best proved by then: shards
-        # that start later verify less.
+        # that start later verify less. Split among workers, the shards not split (library first
+        # kernels) go first: long work that cannot be divided should not start last.
+        order = sorted(choices, key=lambda c: c[0] == "graph") if parts > 1 else choices
         shards = (Shard(depth, choice, (parts, i), tuple(sorted(v.sort_key() for v in outcome.verified)[:contenders]),
                         contenders, bodies=walked.get((choice, i)))
-                  for choice in choices for i in range(parts if choice[0] == "graph" else 1))
+                  for choice in order for i in range(parts if choice[0] == "graph" else 1))
         bounded = False
         for result in run(shards, deadline, None if max_states is None else max_states - stats.states):
             merge(result)
