@@ -152,6 +152,9 @@ class Generator:
     states: int = 0
     pruned: int = 0
     on_state: Callable[[], None] | None = None  # called for every state (budgets, progress)
+    # The symbolic search's `resolve` offers every block graph without a loop, which makes an
+    # empty loop body redundant (see _with_accumulators); a concrete search fixed its loop first.
+    no_loop_tilings: bool = True
     alg: AbstractAlgebra = field(init=False)  # the oracle's (it knows the program's constant factors)
 
     def __post_init__(self) -> None:
@@ -277,10 +280,10 @@ class Generator:
 
     def _with_accumulators(self, body: BlockState) -> Iterator[BlockState]:
         """A loop body's choices of accumulators, in a fixed order. An empty body over untied
-        inputs has none: its loop would only load the inputs for the post-loop graph to compute
-        everything, which is the same graph computed in the loop body with no loop (a tiling
-        `resolve` always offers)."""
-        if body.nops == 0 and not body.tied:
+        inputs has none when the tilings include no loop: its loop would only load the inputs for
+        the post-loop graph to compute everything, the same graph computed in the loop body with
+        no loop."""
+        if body.nops == 0 and not body.tied and self.no_loop_tilings:
             return
         sinks = [k for k in range(len(body.tiles)) if k not in body.used]
         if not sinks or len(sinks) > MAX_ACCUMULATORS:

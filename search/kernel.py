@@ -104,7 +104,8 @@ class KernelSearch:
             self.bandwidth, self.launch_s = self.target.dram_bytes_per_s, self.target.launch_overhead_s
         self._kernel_floors: dict[str, float] = {}  # kernel and input shapes (text) -> least estimated time
         self._estimates: dict[str, float] = {}  # kernels (text) -> the sum of their floors
-        self._gen = Generator(self.space, self.oracle, self.config.max_block_ops, on_state=self._tick)
+        self._gen = Generator(self.space, self.oracle, self.config.max_block_ops, on_state=self._tick,
+                              no_loop_tilings=not self.config.concrete)
         self._alg = self.oracle.alg
         self._outputs = [self.program.nodes[o] for o in self.program.outputs]
         values = abstract_program(self.program)

@@ -395,7 +395,8 @@ def test_a_search_in_parts_returns_what_one_walk_does(h100, monkeypatch):
 
 def test_an_empty_loop_body_is_accumulated_only_over_tied_inputs():
     """With untied inputs, an empty loop body only loads them and the post-loop graph does all the
-    work: the same graph in the body with no loop covers it, so no block graph has an empty body.
+    work: the same graph in the body with no loop (a tiling the symbolic search always has) covers
+    it, so no block graph has an empty body.
     Over inputs tied to a chunk axis (merging partial results) the accumulators sum the chunks:
     such graphs are kept."""
     program = workloads.resolve("rmsnorm_matmul:ci")
@@ -405,3 +406,8 @@ def test_an_empty_loop_body_is_accumulated_only_over_tied_inputs():
     assert graphs and all(any(t.phase == 0 and t.op != "input" for t in s.tiles) for s in graphs)
     tied = [InputSpec(0, (4, 8), ("inp", "X"), (0, 1), tied_dim=1)]
     assert any(s.nops == 0 for s in gen._with_accumulators(gen.start(tied)))
+    # A concrete (Mirage-style) search fixes the loop before the graph: all its graphs stay.
+    fixed_loop = Generator(space_of(program), Oracle(program), 4, no_loop_tilings=False)
+    every = list(fixed_loop.complete_graphs(fixed_loop.start(untied)))
+    assert any(all(t.phase == 1 or t.op == "input" for t in s.tiles) for s in every)
+    assert len(every) > len(graphs)
