@@ -319,8 +319,8 @@ class Generator:
                     self.on_state()
                 if split or part[1] == 0:
                     yield path, s
-                level.extend((
-                    (*path, n), c) for n, c in enumerate(m for m in self._moves(s, phase) if m.nops <= budget))
+                children = (m for m in self._moves(s, phase) if m.nops <= budget)
+                level.extend(((*path, n), c) for n, c in enumerate(children))
             frontier = level
 
     def _posts(self, accs: BlockState) -> Iterator[BlockState]:

@@ -272,7 +272,7 @@ def run_search(
         while True:
             proved = sorted(v.sort_key() for v in outcome.verified)
             cut = proved[contenders - 1] if len(proved) >= contenders else None
-            waiting = sorted(key for key, _ in tied.values() if cut is None or key < cut)
+            waiting = sorted(key for key, _ in tied.values() if (cut is None or key < cut) and key[2] not in seen)
             if not waiting:
                 return
             _, sg = tied.pop(waiting[0][2])
