@@ -42,7 +42,7 @@ from superopt.program import Program
 from superopt.result import SearchStats, Verdict
 from superopt.search.block import Body
 from superopt.search.instantiation import Ranked, rank
-from superopt.search.kernel import BudgetExhausted, FirstChoice, KernelSearch
+from superopt.search.kernel import DEAL_FIRSTS_FROM, BudgetExhausted, FirstChoice, KernelSearch
 from superopt.search.space import space_of
 from superopt.sgraph import SGraph
 from superopt.targets import Target
@@ -320,7 +320,7 @@ def run_search(
         # kernels) go first: long work that cannot be divided should not start last.
         order = sorted(choices, key=lambda c: c[0] == "graph") if parts > 1 else choices
         shards = (Shard(depth, choice, (parts, i), tuple(sorted(v.sort_key() for v in outcome.verified)[:contenders]),
-                        contenders, bodies=walked.get((choice, i)))
+                        contenders, bodies=walked.get((choice, i)) if depth < DEAL_FIRSTS_FROM else None)
                   for choice in order for i in range(parts if choice[0] == "graph" else 1))
         bounded = False
         for result in run(shards, deadline, None if max_states is None else max_states - stats.states):

@@ -68,6 +68,7 @@ class KState:
 
 
 FirstChoice = tuple[str, Any]  # ("library", move key) | ("graph", input tensor indices)
+DEAL_FIRSTS_FROM = 3  # kernel count from which parts split the first kernel's states, not its block graphs
 BLOCK_CACHE_ENTRIES = 16  # input combinations whose block graphs are kept (least recently used go)
 
 
@@ -201,6 +202,11 @@ class KernelSearch:
         final = depth == 1
         if choice[0] == "library":
             firsts: Iterator[KState] = (s for s in self._library_moves(root, final) if s.last_key == choice[1])
+        elif depth >= DEAL_FIRSTS_FROM and part[0] > 1:
+            # Most of a deep graph's work is in the kernels after the first, unevenly so: the
+            # first kernel's states are dealt out (each part generates them all, once per process).
+            every = self._graph_moves(root, final, only=choice[1])
+            firsts = (s for n, s in enumerate(every) if n % part[0] == part[1])
         else:
             firsts = self._graph_moves(root, final, only=choice[1], part=part)
         if final:

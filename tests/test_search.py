@@ -411,3 +411,13 @@ def test_an_empty_loop_body_is_accumulated_only_over_tied_inputs():
     every = list(fixed_loop.complete_graphs(fixed_loop.start(untied)))
     assert any(all(t.phase == 1 or t.op == "input" for t in s.tiles) for s in every)
     assert len(every) > len(graphs)
+
+
+def test_deep_graphs_in_parts_deal_out_first_kernels():
+    """From three kernels on, parts deal out the first kernel's states (the later kernels hold most
+    of the work, unevenly): together the parts produce exactly the candidates of the whole shard."""
+    program = workloads.resolve("lora:ci")
+    ks = KernelSearch(program, space_of(program), Oracle(program), SearchConfig())
+    whole = sorted(sg.dumps() for sg in ks.candidates_in(3, ("graph", (0, 1, 2))))
+    parts = [[sg.dumps() for sg in ks.candidates_in(3, ("graph", (0, 1, 2)), (3, i))] for i in range(3)]
+    assert all(parts) and sorted(itertools.chain.from_iterable(parts)) == whole
