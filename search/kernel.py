@@ -103,6 +103,7 @@ class KernelSearch:
     def __post_init__(self) -> None:
         if self.target is not None:
             self.bandwidth, self.launch_s = self.target.dram_bytes_per_s, self.target.launch_overhead_s
+        self._first_states: dict[tuple[int, ...], list[KState]] = {}  # by input subset, for dealing out
         self._kernel_floors: dict[str, float] = {}  # kernel and input shapes (text) -> least estimated time
         self._estimates: dict[str, float] = {}  # kernels (text) -> the sum of their floors
         self._gen = Generator(self.space, self.oracle, self.config.max_block_ops, on_state=self._tick,
@@ -204,9 +205,11 @@ class KernelSearch:
             firsts: Iterator[KState] = (s for s in self._library_moves(root, final) if s.last_key == choice[1])
         elif depth >= DEAL_FIRSTS_FROM and part[0] > 1:
             # Most of a deep graph's work is in the kernels after the first, unevenly so: the
-            # first kernel's states are dealt out (each part generates them all, once per process).
-            every = self._graph_moves(root, final, only=choice[1])
-            firsts = (s for n, s in enumerate(every) if n % part[0] == part[1])
+            # first kernel's states are dealt out (each process generates them all, once).
+            every = self._first_states.get(choice[1])
+            if every is None:
+                every = self._first_states[choice[1]] = list(self._graph_moves(root, final, only=choice[1]))
+            firsts = iter(every[part[1]::part[0]])
         else:
             firsts = self._graph_moves(root, final, only=choice[1], part=part)
         if final:
