@@ -271,8 +271,7 @@ def _rank_group(
     kernel_ids, symbols = group
     kernels = [k for k in sg.kernels if k.id in kernel_ids]
     cands = dict(candidates or divisor_candidates(sg))
-    own = {k.id: frozenset(relevant[k.id]) | frozenset(
-        s for c in sg.info.constraints if c.kernel == k.id for s in c.expr.symbols) for k in kernels}
+    own = {k.id: _own_symbols(sg, k, relevant[k.id]) for k in kernels}
     shared = frozenset(s for s in symbols if sum(s in own[k.id] for k in kernels) > 1)
     cache: dict[tuple[str, tuple[tuple[str, int], ...]], KernelEstimate] = {}
     clock = [0]
@@ -317,11 +316,15 @@ def kernel_floor(sg: SGraph, target: Target, kernel: Kernel, candidates: Mapping
     """The least estimated time of one kernel of `sg`, over every assignment (from `candidates`)
     of the symbols its estimate depends on that meets the constraints on those symbols alone;
     `inf` when none does. A lower bound of the kernel's share of any instantiation of `sg`."""
-    symbols = frozenset(_kernel_symbols(sg, kernel)) | frozenset(
-        s for c in sg.info.constraints if c.kernel == kernel.id for s in c.expr.symbols)
+    symbols = _own_symbols(sg, kernel, _kernel_symbols(sg, kernel))
     estimate = _library if isinstance(kernel, LibraryKernel) else _graph
     return min((estimate(Instance(sg, values, target), kernel).time_s  # type: ignore[arg-type]
                 for values in enumerate_assignments(sg, target, candidates, symbols=symbols)), default=math.inf)
+
+
+def _own_symbols(sg: SGraph, k: Kernel, relevant: list[str]) -> frozenset[str]:
+    """The symbols a kernel's estimate depends on, with those of its own constraints."""
+    return frozenset(relevant) | frozenset(s for c in sg.info.constraints if c.kernel == k.id for s in c.expr.symbols)
 
 
 def best_params(sg: SGraph, target: Target) -> dict[str, int]:
