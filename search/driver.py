@@ -159,6 +159,7 @@ class Searcher:
         ks = self.search
         states0, pruned0, bounded0 = ks.total_states, ks.total_pruned, ks.bounded
         ks.deadline = deadline
+        ks.keep = shard.keep
         ks.max_states = None if max_states is None else states0 + max_states
         verified: list[Verified] = []
         rejected: list[tuple[str, str]] = []

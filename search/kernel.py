@@ -68,8 +68,9 @@ class KState:
 
 
 FirstChoice = tuple[str, Any]  # ("library", move key) | ("graph", input tensor indices)
+TIE = 1e-9  # relative difference of estimates below which two are the same (float sums differ in order)
 DEAL_FIRSTS_FROM = 3  # kernel count from which parts split the first kernel's states, not its block graphs
-BLOCK_CACHE_ENTRIES = 16  # input combinations whose block graphs are kept (least recently used go)
+BLOCK_CACHE_ENTRIES = 256  # input combinations whose block graphs are kept (least recently used go)
 
 
 class BudgetExhausted(Exception):
@@ -98,13 +99,14 @@ class KernelSearch:
     bandwidth: float = field(init=False, default=float("inf"))  # DRAM bytes per second
     launch_s: float = field(init=False, default=0.0)
     bounded: int = 0  # graphs cut by the bound (they might win at another shape)
+    keep: int = 1  # first kernels kept per tensors they compute (`_undominated`): the driver's contenders
     _gen: Generator | None = None
 
     def __post_init__(self) -> None:
         if self.target is not None:
             self.bandwidth, self.launch_s = self.target.dram_bytes_per_s, self.target.launch_overhead_s
         self._first_states: dict[tuple[int, ...], list[KState]] = {}  # by input subset, for dealing out
-        self._kernel_floors: dict[str, float] = {}  # kernel and input shapes (text) -> least estimated time
+        self._kernel_floors: dict[str, dict[int, float]] = {}  # kernel and input shapes (text) -> `_floors`
         self._estimates: dict[str, float] = {}  # kernels (text) -> the sum of their floors
         self._gen = Generator(self.space, self.oracle, self.config.max_block_ops, on_state=self._tick,
                               no_loop_tilings=not self.config.concrete)
@@ -208,7 +210,8 @@ class KernelSearch:
             # first kernel's states are dealt out (each process generates them all, once).
             every = self._first_states.get(choice[1])
             if every is None:
-                every = self._first_states[choice[1]] = list(self._graph_moves(root, final, only=choice[1]))
+                every = self._first_states[choice[1]] = self._undominated(
+                    list(self._graph_moves(root, final, only=choice[1])))
             firsts = iter(every[part[1]::part[0]])
         else:
             firsts = self._graph_moves(root, final, only=choice[1], part=part)
@@ -220,7 +223,7 @@ class KernelSearch:
         # tensors only (a merge of partial results, a division: small block spaces), then those
         # whose last kernel reads program inputs again (the large spaces, as large as a whole
         # one-kernel search). Same candidates; the cheap ones are not queued behind the costly.
-        states = list(firsts)
+        states = self._undominated(list(firsts)) if choice[0] == "graph" else list(firsts)
         for rereads in (False, True):
             for state in states:
                 yield from self._at_depth(state, depth, rereads)
@@ -291,7 +294,15 @@ class KernelSearch:
         return hit
 
     def _sum_of_floors(self, s: KState) -> float:
-        assert self.target is not None
+        prefix = self._prefix(s)
+        if prefix is None:
+            return 0.0
+        return sum(min(self._floors(s, *prefix, k).values(), default=math.inf) for k in s.kernels)
+
+    def _prefix(self, s: KState) -> tuple[SGraph, dict[str, list[int]]] | None:
+        """The kernels of `s` as an sGraph (what they compute and nothing reads, its outputs), and
+        every value each of its symbols can take in any graph containing them; None when either
+        is not known."""
         read = set().union(*(k.tensor_inputs for k in s.kernels))
         produced = [o for k in s.kernels for o in k.outputs]
         decls = tuple(TensorDecl(n.id, n.shape, n.dtype or "f32") for n in self.program.inputs if n.id in read)
@@ -299,17 +310,42 @@ class KernelSearch:
             sg = SGraph(decls, s.kernels, tuple(o for o in produced if o not in read), "prefix")
             values = bounded_candidates(sg)
         except SGraphError:
-            return 0.0
-        if values is None:
-            return 0.0
-        total = 0.0
-        for k in s.kernels:
-            key = repr((k, [sg.info.shapes[t] for t in k.tensor_inputs]))
-            floor = self._kernel_floors.get(key)
-            if floor is None:
-                floor = self._kernel_floors[key] = costmodel.kernel_floor(sg, self.target, k, values)
-            total += floor
-        return total
+            return None
+        return None if values is None else (sg, values)
+
+    def _floors(self, s: KState, sg: SGraph, values: dict[str, list[int]], k: Kernel) -> dict[int, float]:
+        """Kernel k's least estimated time, per chunk count when its outputs are per-chunk partials
+        (`costmodel.kernel_floors`); kept per kernel and input shapes (deeper graphs share kernels)."""
+        assert self.target is not None
+        key = repr((k, [sg.info.shapes[t] for t in k.tensor_inputs]))
+        hit = self._kernel_floors.get(key)
+        if hit is None:
+            chunks = next((t.chunk.axis for t in s.tensors if t.id in k.outputs and t.chunk is not None), None)
+            hit = self._kernel_floors[key] = costmodel.kernel_floors(sg, self.target, k, values, by=chunks)
+        return hit
+
+    def _undominated(self, firsts: list[KState]) -> list[KState]:
+        """The first kernels that fewer than `keep` others beat (`_beats`) among those doing the
+        same computation (`_computation`) into tensors of the same shapes and chunks: the same
+        values, tiled differently. What can follow a first kernel depends only on the tensors it
+        computes, and a graph's estimate is its first kernel's own plus the rest's (they share
+        no symbol but a chunk count, compared per count), so a beaten first kernel leads only to
+        graphs that rank behind `keep` others. One with no valid sizes leads to no
+        graph that can be instantiated."""
+        if self.target is None or len(firsts) <= self.keep:
+            return firsts
+        start = len(self.program.inputs)
+        groups: dict[tuple[Any, ...], list[tuple[KState, dict[int, float], str]]] = {}
+        for st in firsts:
+            prefix = self._prefix(st)
+            if prefix is None:
+                continue  # its estimate is not known: never cut
+            made = (_computation(st.kernels[0]), tuple((t.shape, t.chunk) for t in st.tensors[start:]))
+            groups.setdefault(made, []).append((st, self._floors(st, *prefix, st.kernels[0]), prefix[0].dumps()))
+        beaten = {id(b[0]) for members in groups.values() for b in members
+                  if not b[1] or sum(_beats(a[1:], b[1:]) for a in members if a is not b) >= self.keep}
+        self.pruned += len(beaten)
+        return [st for st in firsts if id(st) not in beaten]
 
     def _unwritten(self, s: KState) -> float:
         return sum(self._output_bytes[i] for i in self._missing(s))
@@ -537,6 +573,31 @@ class KernelSearch:
             self.pruned += 1
             return None
         return sg
+
+
+def _computation(k: Kernel) -> str:
+    """What a graph kernel computes, without how it is tiled (grid, maps, loop): its block ops,
+    accumulators and outputs over its input tensors. (Abstract expressions are not enough: they
+    drop constants and signs, so equal ones may be different values.)"""
+    assert isinstance(k, GraphKernel)
+    b = k.block
+    parts = [f"i{i.tensor}" for i in b.inputs]
+    parts += [f"{o.op}{o.inputs}{sorted(o.attrs.items())}" for o in (*b.body, *b.post)]
+    parts += [f"a{a.source}{a.kind}{a.dim}" for a in b.accumulators]
+    parts += [f"o{o.source}" for o in b.outputs]
+    return "|".join(parts)
+
+
+def _beats(a: tuple[dict[int, float], str], b: tuple[dict[int, float], str]) -> bool:
+    """Does a first kernel (least estimated time per chunk count, text) lead to a better graph
+    than another computing the same tensors, whatever follows? At no chunk count is it slower,
+    and it wins the ties: by its text (graphs that tie in time are ordered by their text, which
+    differs first in the first kernel) or by being faster at every count (by more than float
+    rounding of the sums)."""
+    (fa, ta), (fb, tb) = a, b
+    if any(c not in fa or fa[c] > fb[c] for c in fb):
+        return False
+    return ta < tb or all(fa[c] * (1 + TIE) < fb[c] for c in fb)
 
 
 def _leaves(e: AE) -> set[str]:

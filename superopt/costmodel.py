@@ -316,10 +316,24 @@ def kernel_floor(sg: SGraph, target: Target, kernel: Kernel, candidates: Mapping
     """The least estimated time of one kernel of `sg`, over every assignment (from `candidates`)
     of the symbols its estimate depends on that meets the constraints on those symbols alone;
     `inf` when none does. A lower bound of the kernel's share of any instantiation of `sg`."""
+    return min(kernel_floors(sg, target, kernel, candidates).values(), default=math.inf)
+
+
+def kernel_floors(
+    sg: SGraph, target: Target, kernel: Kernel, candidates: Mapping[str, list[int]], by: str | None = None,
+) -> dict[int, float]:
+    """`kernel_floor` for each value of the symbol `by` (one of the kernel's own; without it, one
+    entry, 0); empty when no assignment is valid. A kernel whose outputs are per-chunk partials
+    shares its chunk count with the kernel that merges them, so its cost is compared per count."""
     symbols = _own_symbols(sg, kernel, _kernel_symbols(sg, kernel))
     estimate = _library if isinstance(kernel, LibraryKernel) else _graph
-    return min((estimate(Instance(sg, values, target), kernel).time_s  # type: ignore[arg-type]
-                for values in enumerate_assignments(sg, target, candidates, symbols=symbols)), default=math.inf)
+    floors: dict[int, float] = {}
+    for values in enumerate_assignments(sg, target, candidates, symbols=symbols):
+        at = values[by] if by is not None else 0
+        time_s = estimate(Instance(sg, values, target), kernel).time_s  # type: ignore[arg-type]
+        if time_s < floors.get(at, math.inf):
+            floors[at] = time_s
+    return floors
 
 
 def _own_symbols(sg: SGraph, k: Kernel, relevant: list[str]) -> frozenset[str]:

@@ -421,3 +421,21 @@ def test_deep_graphs_in_parts_deal_out_first_kernels():
     whole = sorted(sg.dumps() for sg in ks.candidates_in(3, ("graph", (0, 1, 2))))
     parts = [[sg.dumps() for sg in ks.candidates_in(3, ("graph", (0, 1, 2)), (3, i))] for i in range(3)]
     assert all(parts) and sorted(itertools.chain.from_iterable(parts)) == whole
+
+
+@pytest.mark.parametrize("choice", [(0, 1), (0, 1, 2)])
+def test_first_kernels_beaten_by_a_retiling_lead_to_no_better_graph(h100, choice):
+    """A first kernel that another one doing the same computation into the same tensors beats (no
+    slower at any chunk count, and first in the ties) is not grown: the best-ranked candidate of
+    the shard is the same as when every first kernel is grown, from fewer candidates."""
+    program = workloads.resolve("gqa:ci")
+
+    def ranked_candidates(keep: int) -> list[tuple[float, str]]:
+        ks = KernelSearch(program, space_of(program), Oracle(program), SearchConfig(), target=h100)
+        ks.keep = keep
+        return [(r[0].estimate.time_s, sg.dumps()) for sg in ks.candidates_in(2, ("graph", choice))
+                if (r := rank(sg, h100))]
+
+    everything, kept = ranked_candidates(10**6), ranked_candidates(1)
+    assert min(kept) == min(everything)
+    assert len(kept) < len(everything) and set(kept) <= set(everything)
