@@ -320,7 +320,8 @@ class KernelSearch:
         key = repr((k, [sg.info.shapes[t] for t in k.tensor_inputs]))
         hit = self._kernel_floors.get(key)
         if hit is None:
-            chunks = next((t.chunk.axis for t in s.tensors if t.id in k.outputs and t.chunk is not None), None)
+            chunks = next((t.chunk.axis for t in s.tensors  # a symbol unless the search is concrete
+                           if t.id in k.outputs and t.chunk is not None and not t.chunk.size.is_const()), None)
             hit = self._kernel_floors[key] = costmodel.kernel_floors(sg, self.target, k, values, by=chunks)
         return hit
 

@@ -439,3 +439,14 @@ def test_first_kernels_beaten_by_a_retiling_lead_to_no_better_graph(h100, choice
     everything, kept = ranked_candidates(10**6), ranked_candidates(1)
     assert min(kept) == min(everything)
     assert len(kept) < len(everything) and set(kept) <= set(everything)
+
+
+def test_concrete_first_kernels_are_compared_at_their_fixed_chunk_counts(h100):
+    """In concrete search a kernel's chunk count is a number, not a symbol: kernels writing
+    partial results are compared as they are, and only beaten ones are cut."""
+    program = workloads.resolve("gqa:ci")
+    ks = KernelSearch(program, space_of(program), Oracle(program), SearchConfig(concrete=True), target=h100)
+    firsts = list(ks._graph_moves(ks.initial(), False, only=(0, 1)))
+    kept = ks._undominated(firsts)
+    assert any(t.chunk is not None for st in kept for t in st.tensors)
+    assert 0 < len(kept) < len(firsts)
