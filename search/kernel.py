@@ -99,7 +99,7 @@ class KernelSearch:
     bandwidth: float = field(init=False, default=float("inf"))  # DRAM bytes per second
     launch_s: float = field(init=False, default=0.0)
     bounded: int = 0  # graphs cut by the bound (they might win at another shape)
-    keep: int = 1  # first kernels kept per tensors they compute (`_undominated`): the driver's contenders
+    keep: int = 1  # first kernels kept per computation (`_undominated`): the driver's contenders
     _gen: Generator | None = None
 
     def __post_init__(self) -> None:

@@ -312,19 +312,15 @@ def _rank_group(
     return out
 
 
-def kernel_floor(sg: SGraph, target: Target, kernel: Kernel, candidates: Mapping[str, list[int]]) -> float:
-    """The least estimated time of one kernel of `sg`, over every assignment (from `candidates`)
-    of the symbols its estimate depends on that meets the constraints on those symbols alone;
-    `inf` when none does. A lower bound of the kernel's share of any instantiation of `sg`."""
-    return min(kernel_floors(sg, target, kernel, candidates).values(), default=math.inf)
-
-
 def kernel_floors(
     sg: SGraph, target: Target, kernel: Kernel, candidates: Mapping[str, list[int]], by: str | None = None,
 ) -> dict[int, float]:
-    """`kernel_floor` for each value of the symbol `by` (one of the kernel's own; without it, one
-    entry, 0); empty when no assignment is valid. A kernel whose outputs are per-chunk partials
-    shares its chunk count with the kernel that merges them, so its cost is compared per count."""
+    """The least estimated time of one kernel of `sg` for each value of the symbol `by` (one of
+    the kernel's own; without it, one entry, 0), over every assignment (from `candidates`) of the
+    symbols its estimate depends on that meets the constraints on those symbols alone; empty when
+    none does. A lower bound of the kernel's share of any instantiation of `sg`. A kernel whose
+    outputs are per-chunk partials shares its chunk count with the kernel that merges them, so
+    its cost is compared per count."""
     symbols = _own_symbols(sg, kernel, _kernel_symbols(sg, kernel))
     estimate = _library if isinstance(kernel, LibraryKernel) else _graph
     floors: dict[int, float] = {}
