@@ -8,10 +8,14 @@ symbols have values, in exact integer arithmetic, so invalid branches are cut ea
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
 from math import gcd
+from typing import Any
+
+import numpy as np
 
 from superopt.sgraph import Constraint, SGraph
-from superopt.sizes import Size
+from superopt.sizes import Size, compile_ratio
 from superopt.targets import Target
 
 
@@ -54,25 +58,51 @@ def _bounds(sg: SGraph) -> dict[str, int]:
     return bound
 
 
-def _compile(c: Constraint, target: Target) -> Callable[[Mapping[str, int]], bool]:
-    terms = [(coeff.numerator, coeff.denominator, mono) for mono, coeff in c.expr.terms]
+def _compile(c: Constraint, target: Target) -> Callable[[Mapping[str, Any]], Any]:
+    """The constraint as a test of values: ints, or numpy columns (one element per assignment;
+    the test is then a boolean column). Exact: the expression as numerator and denominator."""
+    ratio = compile_ratio(c.expr)
+    limit = 1 if c.kind == "divides" else target.max_blocks if c.kind == "blocks" else target.smem_per_block
+    positive = all(coeff > 0 for _, coeff in c.expr.terms)
 
-    def value(v: Mapping[str, int]) -> tuple[int, int]:
-        num, den = 0, 1
-        for cn, cd, mono in terms:
-            tn, td = cn, cd
-            for s, e in mono:
-                if e > 0:
-                    tn *= v[s] ** e
-                else:
-                    td *= v[s] ** -e
-            num, den = num * td + tn * den, den * td
-        return num, den
+    def fits_int64(v: Mapping[str, Any]) -> bool:
+        """Sizes have positive terms, so the ratio at the largest values bounds every row's."""
+        if not positive:
+            return False
+        num, den = ratio({s: int(np.max(v[s])) for s in c.expr.symbols})
+        return max(num, den * limit) < 2**62
 
-    if c.kind == "divides":
-        return lambda v: (lambda nd: nd[0] % nd[1] == 0 and nd[0] >= nd[1])(value(v))
-    limit = target.max_blocks if c.kind == "blocks" else target.smem_per_block
-    return lambda v: (lambda nd: nd[0] <= limit * nd[1])(value(v))
+    def test(v: Mapping[str, Any]) -> Any:
+        if any(isinstance(x, np.ndarray) for x in v.values()) and not fits_int64(v):
+            v = {s: np.asarray(x).astype(object) for s, x in v.items()}  # Python ints: exact
+        num, den = ratio(v)
+        if c.kind == "divides":
+            return (num % den == 0) & (num >= den)
+        return num <= limit * den
+
+    return test
+
+
+def _checks(
+    sg: SGraph, target: Target, order: list[str],
+) -> dict[int, list[Callable[[Mapping[str, Any]], Any]]] | None:
+    """The constraints on symbols of `order` alone, each at the position of its last symbol;
+    None when a constant constraint fails (no assignment is valid)."""
+    checks: dict[int, list[Callable[[Mapping[str, Any]], Any]]] = {}
+    for c in sg.info.constraints:
+        if not c.expr.symbols <= set(order):
+            continue
+        if c.expr.is_const():
+            if not _compile(c, target)({}):
+                return None
+            continue
+        last = max(order.index(s) for s in c.expr.symbols)
+        checks.setdefault(last, []).append(_compile(c, target))
+    return checks
+
+
+def _order(chosen: frozenset[str], cands: Mapping[str, list[int]]) -> list[str]:
+    return sorted(chosen, key=lambda s: (len(cands[s]), s))
 
 
 def enumerate_assignments(
@@ -82,18 +112,10 @@ def enumerate_assignments(
     """Every assignment (from the candidates) that meets all constraints, in a stable order.
     With `symbols`, assign only those, checking the constraints that mention nothing else."""
     cands = cands or candidates(sg)
-    chosen = sg.symbols if symbols is None else symbols
-    order = sorted(chosen, key=lambda s: (len(cands[s]), s))
-    checks: dict[int, list[Callable[[Mapping[str, int]], bool]]] = {}
-    for c in sg.info.constraints:
-        if not c.expr.symbols <= chosen:
-            continue
-        if c.expr.is_const():
-            if not _compile(c, target)({}):
-                return
-            continue
-        last = max(order.index(s) for s in c.expr.symbols)
-        checks.setdefault(last, []).append(_compile(c, target))
+    order = _order(sg.symbols if symbols is None else symbols, cands)
+    checks = _checks(sg, target, order)
+    if checks is None:
+        return
     found = 0
     values: dict[str, int] = {}
 
@@ -113,6 +135,47 @@ def enumerate_assignments(
         values.pop(s, None)
 
     yield from walk(0)
+
+
+@dataclass(frozen=True)
+class Table:
+    """Assignments as columns: symbol -> int64 values, one per assignment (row)."""
+
+    columns: dict[str, np.ndarray]
+    rows: int
+
+    def row(self, i: int) -> dict[str, int]:
+        return {s: int(c[i]) for s, c in self.columns.items()}
+
+
+def assignment_table(
+    sg: SGraph, target: Target, cands: Mapping[str, list[int]] | None = None,
+    symbols: frozenset[str] | None = None,
+) -> Table:
+    """What `enumerate_assignments` yields, in the same order, as columns built a symbol at a
+    time (each constraint filters the rows as soon as its symbols are in): the cost model then
+    estimates every assignment in a few array operations."""
+    cands = cands or candidates(sg)
+    order = _order(sg.symbols if symbols is None else symbols, cands)
+    checks = _checks(sg, target, order)
+    none = Table({s: np.zeros(0, np.int64) for s in order}, 0)
+    if checks is None:
+        return none
+    columns: dict[str, np.ndarray] = {}
+    rows = 1
+    for i, s in enumerate(order):
+        values = np.asarray(cands[s], dtype=np.int64)
+        columns = {t: np.repeat(c, len(values)) for t, c in columns.items()}
+        columns[s] = np.tile(values, rows)
+        for check in checks.get(i, []):
+            if not len(columns[s]):
+                return none
+            keep = np.asarray(check(columns), dtype=bool)
+            columns = {t: c[keep] for t, c in columns.items()}
+        rows = len(columns[s])
+        if not rows:
+            return none
+    return Table(columns, rows)
 
 
 def first_assignment(sg: SGraph, target: Target) -> dict[str, int] | None:

@@ -26,9 +26,12 @@ import math
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
+import numpy as np
+
+from superopt.assignments import assignment_table, enumerate_assignments
 from superopt.assignments import candidates as divisor_candidates
-from superopt.assignments import enumerate_assignments
 from superopt.dtypes import dtype as get_dtype
 from superopt.instantiate import Instance
 from superopt.program import Program
@@ -98,23 +101,53 @@ def op_flops(op: str, in_shapes: list[tuple[int, ...]], out_shape: tuple[int, ..
     return 0  # layout ops move data, they compute nothing
 
 
-def _matmul_peak(target: Target, dt: str, a: tuple[int, ...], b: tuple[int, ...]) -> float:
-    tensor = dt in ("f16", "bf16") and all(d % 16 == 0 for d in (a[-2], a[-1], b[-1]))
-    return target.tensor_flops if tensor else target.fp32_flops
+def _matmul_peak(target: Target, dt: str, a: tuple[Any, ...], b: tuple[Any, ...]) -> Any:
+    if dt not in ("f16", "bf16"):
+        return target.fp32_flops
+    wmma = (a[-2] % 16 == 0) & (a[-1] % 16 == 0) & (b[-1] % 16 == 0)  # WMMA takes multiples of 16
+    return np.where(wmma, target.tensor_flops, target.fp32_flops)
+
+
+BOUNDS = ("dram", "compute", "latency", "launch", "free")  # what bounds a kernel's time
+
+
+@dataclass(frozen=True)
+class _Costs:
+    """One kernel's estimate at every assignment of an Instance whose values are numpy columns
+    (or plain ints): each field a column, or a scalar where no symbol changes it."""
+
+    kernel: str
+    kind: str
+    dram_bytes: Any
+    flops: Any
+    time_s: Any
+    bound: Any  # index into BOUNDS
+    blocks: Any = 0
+
+    def at(self, i: int) -> KernelEstimate:
+        def pick(x: Any) -> Any:
+            return x[i] if np.ndim(x) else x
+
+        return KernelEstimate(self.kernel, self.kind, int(pick(self.dram_bytes)), int(pick(self.flops)),
+                              float(pick(self.time_s)), BOUNDS[int(pick(self.bound))], int(pick(self.blocks)))
+
+    def times(self, rows: int) -> np.ndarray:
+        return np.broadcast_to(self.time_s, (rows,))
 
 
 def estimate(inst: Instance) -> Estimate:
-    est = Estimate()
-    for k in inst.sgraph.kernels:
-        est.kernels.append(_library(inst, k) if isinstance(k, LibraryKernel) else _graph(inst, k))
-    return est
+    return Estimate([_costs(inst, k).at(0) for k in inst.sgraph.kernels])
 
 
-def _library(inst: Instance, k: LibraryKernel) -> KernelEstimate:
+def _costs(inst: Instance, k: Kernel) -> _Costs:
+    return _library(inst, k) if isinstance(k, LibraryKernel) else _graph(inst, k)
+
+
+def _library(inst: Instance, k: LibraryKernel) -> _Costs:
     t = inst.target
     info = inst.sgraph.info
     if k.op == "const" or k.op == "reshape":
-        return KernelEstimate(k.id, "library", 0, 0, 0.0, "free")  # a launch argument / a view
+        return _Costs(k.id, "library", 0, 0, 0.0, BOUNDS.index("free"))  # a launch argument / a view
     in_shapes = [inst.shape(i) for i in k.inputs]
     out_shape = inst.shape(k.output)
     nbytes = get_dtype(info.dtypes[k.output]).nbytes
@@ -122,14 +155,13 @@ def _library(inst: Instance, k: LibraryKernel) -> KernelEstimate:
     flops = op_flops(k.op, in_shapes, out_shape)
     peak = _matmul_peak(t, info.dtypes[k.output], *in_shapes) if k.op == "matmul" else t.fp32_flops
     t_dram, t_comp = dram / (t.dram_bytes_per_s * LIBRARY_BANDWIDTH), flops / peak
-    body = max(t_dram, t_comp)
-    bound = "dram" if t_dram >= t_comp else "compute"
-    if body < t.launch_overhead_s:
-        bound = "launch"
-    return KernelEstimate(k.id, "library", dram, flops, t.launch_overhead_s + body, bound)
+    body = np.maximum(t_dram, t_comp)
+    bound = np.where(body < t.launch_overhead_s, BOUNDS.index("launch"),
+                     np.where(t_dram >= t_comp, BOUNDS.index("dram"), BOUNDS.index("compute")))
+    return _Costs(k.id, "library", dram, flops, t.launch_overhead_s + body, bound)
 
 
-def _graph(inst: Instance, k: GraphKernel) -> KernelEstimate:
+def _graph(inst: Instance, k: GraphKernel) -> _Costs:
     t = inst.target
     sg = inst.sgraph
     b = k.block
@@ -137,63 +169,62 @@ def _graph(inst: Instance, k: GraphKernel) -> KernelEstimate:
     blocks, loop = math.prod(grid), inst.loop(k)
     dt = sg.info.dtypes[k.outputs[0]]
     nbytes = get_dtype(dt).nbytes
-    dram_eff = 0.0
-    dram = 0
-    per_iteration = 0  # bytes a block loads in each loop iteration
+    dram_eff: Any = 0.0
+    dram: Any = 0
+    per_iteration: Any = 0  # bytes a block loads in each loop iteration
     for inp in b.inputs:
         tile = inst.tile(k.id, inp.id)
-        reads = blocks * (loop if inp.fmap is not None else 1)
-        moved = reads * math.prod(tile) * nbytes
-        dram += moved
-        dram_eff += moved / _sector_efficiency(tile, inst.shape(inp.tensor), nbytes)
-        if inp.fmap is not None or loop == 1:
-            per_iteration += math.prod(tile) * nbytes
+        reads = blocks * loop if inp.fmap is not None else blocks
+        loaded = math.prod(tile) * nbytes
+        dram = dram + reads * loaded
+        dram_eff = dram_eff + reads * loaded / _sector_efficiency(tile, inst.shape(inp.tensor), nbytes)
+        per_iteration = per_iteration + (loaded if inp.fmap is not None else np.where(loop == 1, loaded, 0))
     for o in b.outputs:
         moved = math.prod(inst.shape(o.tensor)) * nbytes
-        dram += moved
-        dram_eff += moved / _sector_efficiency(inst.tile(k.id, o.source), inst.shape(o.tensor), nbytes)
-    flops, comp_s = 0, 0.0
+        dram = dram + moved
+        dram_eff = dram_eff + moved / _sector_efficiency(inst.tile(k.id, o.source), inst.shape(o.tensor), nbytes)
+    flops: Any = 0
+    comp_s: Any = 0.0
     for phase, repeat in ((b.body, blocks * loop), (b.post, blocks)):
         for op in phase:
             ins = [inst.tile(k.id, i) for i in op.inputs]
             f = op_flops(op.op, ins, inst.tile(k.id, op.id)) * repeat
             peak = _matmul_peak(t, dt, *ins) if op.op == "matmul" else t.fp32_flops
-            flops += f
-            comp_s += f / peak
-    flops += sum(math.prod(inst.tile(k.id, a.id)) for a in b.accumulators) * blocks * loop
-    per_sm = max(1, min(MAX_THREADS_PER_SM // t.threads_per_block, t.smem_per_sm // max(inst.smem(k), 1)))
-    resident = min(per_sm, math.ceil(blocks / t.sms))
-    active_sms = min(blocks, t.sms)
-    in_flight = min(blocks, t.sms * per_sm) * min(max(per_iteration, 1), IN_FLIGHT_PER_BLOCK)
-    bw_fraction = min(1.0, in_flight / (t.dram_bytes_per_s * DRAM_LATENCY_S))
+            flops = flops + f
+            comp_s = comp_s + f / peak
+    flops = flops + sum(math.prod(inst.tile(k.id, a.id)) for a in b.accumulators) * blocks * loop
+    per_sm = np.maximum(1, np.minimum(MAX_THREADS_PER_SM // t.threads_per_block,
+                                      t.smem_per_sm // np.maximum(inst.smem(k), 1)))
+    resident = np.minimum(per_sm, -(-blocks // t.sms))
+    active_sms = np.minimum(blocks, t.sms)
+    in_flight = np.minimum(blocks, t.sms * per_sm) * np.minimum(np.maximum(per_iteration, 1), IN_FLIGHT_PER_BLOCK)
+    bw_fraction = np.minimum(1.0, in_flight / (t.dram_bytes_per_s * DRAM_LATENCY_S))
     waves_fraction = _wave_quantization(blocks, t.sms * per_sm)
     t_dram = dram_eff / (t.dram_bytes_per_s * bw_fraction) * waves_fraction
     t_comp = comp_s / (active_sms / t.sms) * waves_fraction
     t_lat = blocks * loop / (active_sms * resident) * ITERATION_LATENCY_S
-    parts = {"dram": t_dram, "compute": t_comp, "latency": t_lat}
-    bound = max(parts, key=lambda p: parts[p])
-    return KernelEstimate(k.id, "graph", dram, flops, t.launch_overhead_s + parts[bound], bound, blocks)
+    parts = np.broadcast_arrays(t_dram, t_comp, t_lat)  # in BOUNDS order: ties go to the first
+    return _Costs(k.id, "graph", dram, flops, t.launch_overhead_s + np.max(parts, axis=0),
+                  np.argmax(parts, axis=0), blocks)
 
 
-def _sector_efficiency(tile: tuple[int, ...], full: tuple[int, ...], nbytes: int) -> float:
+def _sector_efficiency(tile: tuple[Any, ...], full: tuple[Any, ...], nbytes: int) -> Any:
     """Fraction of each 32-byte DRAM sector that a tile's contiguous runs use.
 
     A run is the trailing tile dims that span the whole tensor dim, times the first one that
     does not: the bytes one block touches without a gap."""
-    run = 1
+    run: Any = 1
+    spans: Any = True
     for t_d, f_d in zip(reversed(tile), reversed(full), strict=True):
-        run *= t_d
-        if t_d != f_d:
-            break
-    return min(1.0, run * nbytes / SECTOR_BYTES)
+        run = run * np.where(spans, t_d, 1)
+        spans = spans & (t_d == f_d)
+    return np.minimum(1.0, run * nbytes / SECTOR_BYTES)
 
 
-def _wave_quantization(blocks: int, concurrent: int) -> float:
+def _wave_quantization(blocks: Any, concurrent: Any) -> Any:
     """Time of ceil(blocks / concurrent) full waves relative to perfectly divided work."""
-    if blocks <= concurrent:
-        return 1.0
     waves = blocks / concurrent
-    return math.ceil(waves) / waves
+    return np.where(blocks <= concurrent, 1.0, np.ceil(waves) / waves)
 
 
 @dataclass(frozen=True)
@@ -273,25 +304,15 @@ def _rank_group(
     cands = dict(candidates or divisor_candidates(sg))
     own = {k.id: _own_symbols(sg, k, relevant[k.id]) for k in kernels}
     shared = frozenset(s for s in symbols if sum(s in own[k.id] for k in kernels) > 1)
-    cache: dict[tuple[str, tuple[tuple[str, int], ...]], KernelEstimate] = {}
-    clock = [0]
-
-    def expired() -> bool:
-        clock[0] += 1
-        return deadline is not None and clock[0] % 256 == 0 and time.time() > deadline
 
     def kernel_best(k: Kernel, fixed: Mapping[str, int]) -> list[tuple[float, dict[str, int], KernelEstimate]]:
         pinned = {**cands, **{s: [v] for s, v in fixed.items()}}
-        scored: list[tuple[float, dict[str, int], KernelEstimate]] = []
-        for values in enumerate_assignments(sg, target, pinned, symbols=own[k.id] | frozenset(fixed)):
-            if expired() and scored:
-                break
-            key = (k.id, tuple((s, values[s]) for s in relevant[k.id]))
-            if key not in cache:
-                inst = Instance(sg, values, target)
-                cache[key] = _library(inst, k) if isinstance(k, LibraryKernel) else _graph(inst, k)
-            scored.append((cache[key].time_s, values, cache[key]))
-        return heapq.nsmallest(keep, scored, key=lambda e: (e[0], tuple(sorted(e[1].items()))))
+        table = assignment_table(sg, target, pinned, symbols=own[k.id] | frozenset(fixed))
+        costs = _costs(Instance(sg, table.columns, target), k)
+        times = costs.times(table.rows)
+        # the `keep` fastest, ties broken by the values in symbol order (np.lexsort: last key first)
+        order = np.lexsort([*(table.columns[s] for s in sorted(table.columns, reverse=True)), times])
+        return [(float(times[i]), table.row(i), costs.at(i)) for i in order[:keep]]
 
     out: list[tuple[float, dict[str, int], dict[str, KernelEstimate]]] = []
     for fixed in enumerate_assignments(sg, target, cands, symbols=shared):
@@ -307,7 +328,7 @@ def _rank_group(
                 key=lambda x: (x[0], tuple(sorted(x[1].items()))),
             )
         out = heapq.nsmallest(keep, [*out, *combined], key=lambda x: (x[0], tuple(sorted(x[1].items()))))
-        if expired() and out:
+        if deadline is not None and out and time.time() > deadline:
             break
     return out
 
@@ -322,14 +343,14 @@ def kernel_floors(
     outputs are per-chunk partials shares its chunk count with the kernel that merges them, so
     its cost is compared per count."""
     symbols = _own_symbols(sg, kernel, _kernel_symbols(sg, kernel))
-    estimate = _library if isinstance(kernel, LibraryKernel) else _graph
-    floors: dict[int, float] = {}
-    for values in enumerate_assignments(sg, target, candidates, symbols=symbols):
-        at = values[by] if by is not None else 0
-        time_s = estimate(Instance(sg, values, target), kernel).time_s  # type: ignore[arg-type]
-        if time_s < floors.get(at, math.inf):
-            floors[at] = time_s
-    return floors
+    table = assignment_table(sg, target, candidates, symbols=symbols)
+    if not table.rows:
+        return {}
+    times = _costs(Instance(sg, table.columns, target), kernel).times(table.rows)
+    if by is None:
+        return {0: float(times.min())}
+    at = table.columns[by]
+    return {int(v): float(times[at == v].min()) for v in np.unique(at)}
 
 
 def _own_symbols(sg: SGraph, k: Kernel, relevant: list[str]) -> frozenset[str]:

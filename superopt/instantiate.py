@@ -6,12 +6,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
-from superopt.ops import Shape
 from superopt.sgraph import Constraint, GraphKernel, SGraph
-from superopt.sizes import Size
+from superopt.sizes import Size, compile_sizes
 from superopt.targets import Target
 
 
@@ -26,41 +26,77 @@ class InstantiationError(ValueError):
 @dataclass(frozen=True)
 class Instance:
     sgraph: SGraph
-    values: Mapping[str, int]
+    values: Mapping[str, Any]  # ints; or numpy int64 columns, one element per assignment (bulk estimates)
     target: Target
     _cache: dict[object, tuple[int, ...]] = field(default_factory=dict, compare=False, repr=False)
 
     def size(self, s: Size) -> int:
         return s.int_value(self.values)
 
-    def _ints(self, key: object, shape: Shape) -> tuple[int, ...]:
-        if key not in self._cache:
-            self._cache[key] = tuple(self.size(d) for d in shape)
-        return self._cache[key]
-
     def shape(self, tensor: str) -> tuple[int, ...]:
-        return self._ints(tensor, self.sgraph.info.shapes[tensor])
+        return self._sizes(tensor, ("tensor", tensor))
 
     def tile(self, kernel: str, block_tensor: str) -> tuple[int, ...]:
-        return self._ints((kernel, block_tensor), self.sgraph.info.blocks[kernel].shapes[block_tensor])
+        return self._sizes((kernel, block_tensor), kernel)
 
     def grid(self, k: GraphKernel) -> tuple[int, ...]:
-        return tuple(self.size(a.size) for a in k.block.grid)
+        return self._sizes(("grid", k.id), k.id)
 
     def loop(self, k: GraphKernel) -> int:
-        return self.size(k.block.loop.size)
+        return self._sizes(("loop", k.id), k.id)[0]
 
     def smem(self, k: GraphKernel) -> int:
-        return self.size_of_constraint(k.id, "smem")
+        return self._sizes(("smem", k.id), k.id)[0]
 
-    def size_of_constraint(self, kernel: str, kind: str) -> int:
-        for c in self.sgraph.info.constraints:
-            if c.kernel == kernel and c.kind == kind:
-                return c.expr.int_value(self.values)
-        raise KeyError((kernel, kind))
+    def _sizes(self, key: object, owner: str | tuple[str, str]) -> tuple[int, ...]:
+        """The sizes under `key`; on a miss, all the sizes of its owner (a kernel, or one tensor)
+        are evaluated together. Values may be numpy columns: the sizes are columns too."""
+        hit = self._cache.get(key)
+        if hit is None:
+            evaluators = self.sgraph.info.evaluators
+            if owner not in evaluators:
+                evaluators[owner] = _SizeSlots.of(self.sgraph, owner)
+            evaluators[owner].fill(self.values, self._cache)
+            hit = self._cache[key]
+        return hit
 
     def params_text(self) -> str:
         return ",".join(f"{k}={v}" for k, v in sorted(self.values.items()))
+
+
+@dataclass(frozen=True)
+class _SizeSlots:
+    """The sizes of one kernel that its estimate reads (its tensors' shapes; for a graph kernel
+    also tiles, grid, loop and shared memory), or of one tensor, evaluated by one compiled
+    function: the cost model's inner loop."""
+
+    slots: tuple[tuple[object, int, int], ...]  # Instance cache key, start, stop in the values
+    evaluate: Callable[[Mapping[str, int]], tuple[int, ...]]
+
+    @staticmethod
+    def of(sg: SGraph, owner: str | tuple[str, str]) -> _SizeSlots:
+        info = sg.info
+        if isinstance(owner, tuple):
+            groups: list[tuple[object, Sequence[Size]]] = [(owner[1], info.shapes[owner[1]])]
+        else:
+            k = sg.kernel(owner)
+            groups = [(t, info.shapes[t]) for t in (*k.tensor_inputs, *k.outputs)]
+            if isinstance(k, GraphKernel):
+                smem = [c.expr for c in info.constraints if c.kernel == k.id and c.kind == "smem"]
+                groups += [((k.id, bt), shape) for bt, shape in info.blocks[k.id].shapes.items()]
+                groups += [(("grid", k.id), [a.size for a in k.block.grid]), (("loop", k.id), [k.block.loop.size]),
+                           (("smem", k.id), smem)]
+        slots: list[tuple[object, int, int]] = []
+        sizes: list[Size] = []
+        for key, group in groups:
+            slots.append((key, len(sizes), len(sizes) + len(group)))
+            sizes.extend(group)
+        return _SizeSlots(tuple(slots), compile_sizes(sizes))
+
+    def fill(self, values: Mapping[str, int], cache: dict[object, tuple[int, ...]]) -> None:
+        ints = self.evaluate(values)
+        for key, start, stop in self.slots:
+            cache[key] = ints[start:stop]
 
 
 def instantiate(sg: SGraph, values: Mapping[str, int], target: Target) -> Instance:

@@ -241,6 +241,8 @@ class Analysis:
     constraints: list[Constraint]
     symbols: frozenset[str]
     axis_sizes: dict[str, Size]
+    # instantiate's compiled evaluators of sizes, per kernel id or ("tensor", id), built on first use
+    evaluators: dict[str | tuple[str, str], Any] = field(default_factory=dict, repr=False, compare=False)
 
 
 def analyze(sg: SGraph, require_used: bool = True) -> Analysis:

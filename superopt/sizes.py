@@ -10,10 +10,14 @@ such as shared-memory bytes.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
-from functools import cached_property, reduce
+from functools import cached_property, lru_cache, reduce
+from math import lcm
+from typing import Any
+
+import numpy as np
 
 Monomial = tuple[tuple[str, int], ...]  # sorted (symbol, nonzero exponent) pairs
 
@@ -251,6 +255,83 @@ class _Parser:
                 raise self.fail("exponent must be a non-negative integer")
             value = reduce(lambda a, _: a * value, range(int(exp) - 1), value) if int(exp) else Size.const(1)
         return value
+
+
+def compile_sizes(sizes: Sequence[Size]) -> Callable[[Mapping[str, Any]], tuple[Any, ...]]:
+    """One Python function that evaluates all `sizes` at once, exactly, as `int_value` would
+    (SizeError on a missing symbol or a fraction), for int values or for numpy int64 arrays of
+    values (one element per assignment). The cost model evaluates the same few dozen tile sizes
+    for hundreds of thousands of assignments: generated arithmetic over whole columns does that
+    without a Python step per assignment."""
+
+    def exact(num: Any, den: Any, i: int) -> Any:
+        q, r = divmod(num, den)
+        if np.any(r):
+            j = int(np.argmax(np.ravel(r) != 0))  # the first assignment that leaves a remainder
+            n, d = (int(np.ravel(np.broadcast_to(x, np.shape(r)))[j]) for x in (num, den))
+            raise SizeError(f"{sizes[i]} = {Fraction(n, d)} is not an integer")
+        return q
+
+    items = [_int_code(size, i) for i, size in enumerate(sizes)]
+    return _generate(sizes, f"({''.join(item + ', ' for item in items)})", {"_exact": exact})
+
+
+@lru_cache(maxsize=8192)  # the same constraints recur across the sGraphs of a search
+def compile_ratio(size: Size) -> Callable[[Mapping[str, Any]], tuple[Any, Any]]:
+    """`size` as (numerator, denominator) over its least common denominator, for ints or numpy
+    columns: exact tests of constraints (an integer when the numerator divides; within a limit
+    when the numerator is at most limit x denominator)."""
+    num, den = _ratio_code(size)
+    return _generate([size], f"({num}, {den})", {})
+
+
+def _generate(sizes: Sequence[Size], result: str, namespace: dict[str, Any]) -> Callable[..., Any]:
+    """def evaluate(v): the symbols of `sizes` as locals `s_<symbol>`, then `result`."""
+    symbols = sorted({s for size in sizes for s in size.symbols})
+    source = "\n".join([
+        "def evaluate(v):",
+        "    try:",
+        *[f"        s_{s} = v[{s!r}]" for s in symbols],
+        "        pass",
+        "    except KeyError as e:",
+        "        _missing(e.args[0])",
+        f"    return {result}",
+    ])
+
+    def missing(symbol: str) -> None:
+        raise SizeError(f"no value for {symbol} in {', '.join(map(str, sizes))}")
+
+    namespace = {**namespace, "_missing": missing}
+    exec(compile(source, "<compile_sizes>", "exec"), namespace)
+    return namespace["evaluate"]  # type: ignore[no-any-return]
+
+
+def _int_code(size: Size, i: int) -> str:
+    """Python source for `size` as an int over locals `s_<symbol>`; sizes[i] names it in errors."""
+    num, den = _ratio_code(size)
+    return num if den == "1" else f"_exact({num}, {den}, {i})"
+
+
+def _ratio_code(size: Size) -> tuple[str, str]:
+    """Source for `size`'s numerator and denominator: the terms over the least common denominator
+    that clears all of them, so neither grows far past the value itself."""
+    if not size.terms:
+        return "0", "1"
+    common = lcm(*(c.denominator for _, c in size.terms))
+    lowest = {s: max(-e for m, _ in size.terms for t, e in m if t == s) for s in size.symbols}
+    lowest = {s: e for s, e in lowest.items() if e > 0}  # symbols some term divides by
+    terms = []
+    for mono, coeff in size.terms:
+        exps = dict(mono)
+        factors = [str(coeff.numerator * (common // coeff.denominator))]
+        factors += [_power(s, exps.get(s, 0) + lowest.get(s, 0)) for s in sorted({*exps, *lowest})]
+        terms.append("*".join(f for f in factors if f))
+    den = "*".join([str(common), *(_power(s, e) for s, e in sorted(lowest.items()))])
+    return f"({' + '.join(terms)})", den
+
+
+def _power(symbol: str, exponent: int) -> str:
+    return "" if exponent == 0 else f"s_{symbol}" if exponent == 1 else f"s_{symbol}**{exponent}"
 
 
 def product(sizes: Iterable[Size | int]) -> Size:

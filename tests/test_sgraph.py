@@ -4,12 +4,19 @@ from __future__ import annotations
 
 import copy
 import json
+from fractions import Fraction
 
 import numpy as np
 import pytest
 
 from superopt import Program, workloads
-from superopt.assignments import candidates, enumerate_assignments, first_assignment, independent_groups
+from superopt.assignments import (
+    assignment_table,
+    candidates,
+    enumerate_assignments,
+    first_assignment,
+    independent_groups,
+)
 from superopt.build import SGraphBuilder, unfused_baseline
 from superopt.dtypes import dtype
 from superopt.instantiate import InstantiationError, instantiate, parse_params
@@ -18,7 +25,7 @@ from superopt.mutations import mutants
 from superopt.reference import evaluate, max_rel_err, random_inputs
 from superopt.render import render_sgraph
 from superopt.sgraph import SGraph, SGraphError, check_matches
-from superopt.sizes import Size
+from superopt.sizes import Size, SizeError, compile_ratio, compile_sizes
 
 NAMES = list(workloads.WORKLOADS)
 
@@ -299,3 +306,103 @@ def test_interpreter_poison_marks_unwritten_elements():
     buf = FloatAlgebra().poison((2, 3))
     assert np.isnan(buf).all()
     assert max_rel_err(buf, np.ones((2, 3))) == float("inf")
+
+
+# -- bulk evaluation: compiled sizes, assignment tables, estimates over columns ------------------
+
+
+def _random_size(rng: np.random.Generator) -> Size:
+    total = Size.const(0)
+    for _ in range(int(rng.integers(1, 4))):
+        term = Size.const(Fraction(int(rng.integers(1, 50)), int(rng.integers(1, 7))))
+        for s in ("a", "b", "c"):
+            e = int(rng.integers(-2, 3))
+            term = term * Size.sym(s) if e > 0 else term / Size.sym(s) if e < 0 else term
+            if abs(e) == 2:
+                term = term * Size.sym(s) if e > 0 else term / Size.sym(s)
+        total = total + term
+    return total
+
+
+def test_compiled_sizes_are_int_value_for_ints_and_columns():
+    """The generated evaluator gives int_value's result, or its error, for each value and for
+    whole columns (the first bad row named); ratios are exact numerator and denominator."""
+    rng = np.random.default_rng(7)
+    for _ in range(300):
+        sizes = [_random_size(rng) for _ in range(3)]
+        rows = [{s: int(rng.choice([1, 2, 3, 4, 6, 8, 12])) for s in "abc"} for _ in range(6)]
+        evaluate = compile_sizes(sizes)
+        for size in sizes:
+            num, den = compile_ratio(size)(rows[0])
+            assert Fraction(num, den) == size.evaluate(rows[0])
+        expected = []
+        for values in rows:
+            try:
+                expected.append(tuple(s.int_value(values) for s in sizes))
+            except SizeError as e:
+                with pytest.raises(SizeError, match="is not an integer") as got:
+                    evaluate(values)
+                assert str(got.value).split(" = ")[0] in str(e)
+                expected.append(None)
+                continue
+            assert evaluate(values) == expected[-1]
+        columns = {s: np.array([v[s] for v in rows], dtype=np.int64) for s in "abc"}
+        if all(e is not None for e in expected):
+            got_columns = evaluate(columns)
+            assert [tuple(int(np.broadcast_to(c, (len(rows),))[i]) for c in got_columns)
+                    for i in range(len(rows))] == expected
+        else:
+            with pytest.raises(SizeError, match="is not an integer"):
+                evaluate(columns)
+    with pytest.raises(SizeError, match="no value for b"):
+        compile_sizes([Size.parse("a*b")])({"a": 2})
+
+
+@pytest.mark.parametrize("target", ["h100", "a100"])
+def test_assignment_tables_are_the_enumeration(target):
+    """Columns hold exactly the assignments the one-at-a-time walk yields, in its order, for
+    every reference, for subsets of symbols, and for values too large for int64 products."""
+    from superopt.targets import TARGETS
+
+    t = TARGETS[target]
+    for name in NAMES:
+        for spec in (name, f"{name}:ci"):
+            _, sg = workloads.reference_for(spec)
+            for symbols in (None, frozenset(sorted(sg.symbols)[:2])):
+                table = assignment_table(sg, t, symbols=symbols)
+                assert [table.row(i) for i in range(table.rows)] == list(enumerate_assignments(sg, t, symbols=symbols))
+                assert table.rows > 0, spec
+    _, sg = workloads.reference_for("gqa")
+    huge = {s: [1, 2, 4, 8, 2**40, 2**61] for s in sg.symbols}
+    table = assignment_table(sg, t, huge)
+    assert table.rows > 0
+    assert [table.row(i) for i in range(table.rows)] == list(enumerate_assignments(sg, t, huge))
+
+
+def test_constraint_tests_on_columns_stay_exact_past_int64(h100):
+    from superopt.assignments import _compile
+    from superopt.sgraph import Constraint
+
+    blocks = _compile(Constraint("blocks", Size.parse("a*b"), "k1", "grid"), h100)
+    columns = {"a": np.array([2**40, 2, 2**31], np.int64), "b": np.array([2**40, 2, 1], np.int64)}
+    assert list(blocks(columns)) == [False, True, False]  # 2**80 wraps to 0 in int64
+    divides = _compile(Constraint("divides", Size.parse("6144/a"), "k1", "tile"), h100)
+    assert list(divides(columns)) == [False, True, False]
+
+
+@pytest.mark.parametrize("spec", ["gqa:ci", "rmsnorm_mlp:ci", "lora:ci", "ntrans:ci", "rmsnorm_matmul"])
+def test_estimates_over_columns_equal_one_assignment_at_a_time(spec, h100):
+    """The cost model run on all assignments at once gives, row by row, what it gives for each
+    instantiation alone (the search ranks with the first, the report shows the second)."""
+    from superopt.costmodel import _costs, estimate
+    from superopt.instantiate import Instance
+
+    _, sg = workloads.reference_for(spec)
+    table = assignment_table(sg, h100)
+    bulk = Instance(sg, table.columns, h100)
+    per_kernel = [_costs(bulk, k) for k in sg.kernels]
+    rows = range(0, table.rows, max(1, table.rows // 200))
+    for i in rows:
+        alone = estimate(instantiate(sg, table.row(i), h100)).kernels
+        assert [c.at(i) for c in per_kernel] == alone
+    assert len({c.at(i).time_s for c in per_kernel for i in rows}) > len(sg.kernels)  # the rows differ
