@@ -44,6 +44,7 @@ OpRanks = tuple[tuple[str, int], ...]  # ops with their canonical ranks
 # breadth-first order (level, path, accumulator choice), its signature's digest and its ops.
 Step = tuple[str, tuple[int, ...], tuple[Any, ...], tuple[Any, ...]]
 Body = tuple[tuple[int, tuple[int, ...], int], int, tuple[Step, ...]]
+COMMUTATIVE = ("add", "mul")  # binary ops generated with their older operand first only
 UNIT = -1  # the class of a size-1 dim: broadcasts against anything, never split
 MAX_ACCUMULATORS = 3  # per block graph, as in Mirage's generator
 MAX_OUTPUTS = 2  # per block graph (flash decoding writes partial numerators and denominators)
@@ -165,7 +166,7 @@ class Generator:
         self._bodies: dict[BlockState, Lazy[tuple[int, BlockState]]] = {}
         # bodies handed over by `adopt_bodies`, by start state and part
         self._adopted: dict[tuple[BlockState, tuple[int, int]], Lazy[tuple[int, BlockState]]] = {}
-        self._pair_memo: dict[tuple[Any, ...], tuple[OpRanks, OpRanks]] = {}
+        self._pair_memo: dict[tuple[Any, ...], tuple[OpRanks, OpRanks, int]] = {}
         self._ids: dict[AE, int] = {}
         self._exprs: list[AE] = []
         self._eclasses: list[str | None] = []  # by interned id, filled on demand
@@ -350,15 +351,14 @@ class Generator:
     def _moves(self, s: BlockState, phase: int) -> Iterator[BlockState]:
         # An op's key starts with its newest operand, and keys must increase: only ops reading a
         # tile at least as new as the previous op's newest operand can follow it.
-        n = len(s.tiles)
         newest = s.last_key[0] if s.last_key else 0
-        for i in range(n):
+        mine = [k for k, t in enumerate(s.tiles) if t.phase == phase]
+        for i in mine:
             t = s.tiles[i]
-            if t.phase != phase:
-                continue
             if i < newest:
-                for j in range(newest, n):
-                    yield from self._pairs(s, i, j)
+                for j in mine:
+                    if j >= newest:
+                        yield from self._pairs(s, i, j)
                 continue
             for op in self.space.block_ops:
                 if op in ops.UNARY:
@@ -382,36 +382,39 @@ class Generator:
                         yield from self._try(s, op, (i,), (), consts=((1, value),))
                         if op in ("sub", "div"):
                             yield from self._try(s, op, (i,), (), consts=((0, value),))
-            for j in range(n):
+            for j in mine:
                 yield from self._pairs(s, i, j)
 
     def _pairs(self, s: BlockState, i: int, j: int) -> Iterator[BlockState]:
-        a, b = s.tiles[i], s.tiles[j]
-        if a.phase != b.phase:
+        """Binary ops on tiles i and j (of one phase). add and mul commute: only i <= j."""
+        admitted, rejected, rejected_ordered = self._pair_ops(s.tiles[i], s.tiles[j])
+        args, swapped = (i, j), j < i
+        if not s.last_key or max(args) > s.last_key[0]:  # every op's key follows the last op's
+            self.pruned += rejected_ordered if swapped else len(rejected)  # as `_try` would count
+            for op, _ in admitted:
+                if not (swapped and op in COMMUTATIVE):
+                    yield from self._try(s, op, args, ())
             return
-        args = (i, j)
-        admitted, rejected = self._pair_ops(a, b)
-        for op, rank in rejected:  # counted as `_try` would: only ops the canonical order allows
-            if not (op in ("add", "mul") and j < i) and (max(args), args, rank, (), ()) > s.last_key:
+        for op, rank in rejected:
+            if not (swapped and op in COMMUTATIVE) and (max(args), args, rank, (), ()) > s.last_key:
                 self.pruned += 1
         for op, rank in admitted:
-            if op in ("add", "mul") and j < i:
-                continue
-            if (max(args), args, rank, (), ()) <= s.last_key:
-                continue
-            yield from self._try(s, op, args, ())
+            if not (swapped and op in COMMUTATIVE) and (max(args), args, rank, (), ()) > s.last_key:
+                yield from self._try(s, op, args, ())
 
-    def _pair_ops(self, a: Tile, b: Tile) -> tuple[OpRanks, OpRanks]:
-        """The binary ops (with their ranks) whose result on these operands the oracle admits, and
-        those it rejects. The hot path of the whole search: a state has a few dozen operand pairs,
-        mostly rejected, and the same operand values recur in thousands of states."""
+    def _pair_ops(self, a: Tile, b: Tile) -> tuple[OpRanks, OpRanks, int]:
+        """The binary ops (with their ranks) whose result on these operands the oracle admits,
+        those it rejects, and how many of those are not commutative. The hot path of the whole
+        search: a state has a few dozen operand pairs, mostly rejected, and the same operand
+        values recur in thousands of states."""
         key = (a.aid, a.pdims, b.aid, b.pdims)
         hit = self._pair_memo.get(key)
         if hit is None:
             ranked = [(op, self._rank[op]) for op in self._binary_ops]
             ok = [self._ae(op, [a, b], (), ()) is not None for op in self._binary_ops]
-            hit = (tuple(r for r, y in zip(ranked, ok, strict=True) if y),
-                   tuple(r for r, y in zip(ranked, ok, strict=True) if not y))
+            rejected = tuple(r for r, y in zip(ranked, ok, strict=True) if not y)
+            hit = (tuple(r for r, y in zip(ranked, ok, strict=True) if y), rejected,
+                   sum(1 for op, _ in rejected if op not in COMMUTATIVE))
             self._pair_memo[key] = hit
         return hit
 
@@ -668,9 +671,11 @@ def resolve(
     tied_classes = {root_dims[k][d] for k, d in s.tied if root_dims[k][d] != UNIT}
     in_all_outputs = set.intersection(*(set(root_dims[o]) - {UNIT} for o in outs))
 
+    status = _StatusMemo(s, root_dims)
+
     def splits(c: int, want: tuple[str, ...]) -> bool:
         """A grid axis may split class c: every tile stays computable and the outputs are `want`."""
-        st = _statuses(s, frozenset({c}), root_dims, None, is_loop=False)
+        st = status(frozenset({c}), is_loop=False)
         return st is not None and all(st[o] in want for o in outs)
 
     # Dominance applies among the classes a grid axis can split: splitting all of them (an axis of
@@ -696,7 +701,7 @@ def resolve(
                 letters = "xyz"
                 axes = [Axis(f"g{letters[i]}{index}", Size.sym(f"g{letters[i]}{index}"), frozenset({c}), c in partial)
                         for i, c in enumerate((*par, *partial))]
-                res = _tiling(s, inputs, tensor_ids, kid, index, axes, loop, None, tie, root_dims, outs)
+                res = _tiling(s, inputs, tensor_ids, kid, index, axes, loop, None, tie, root_dims, outs, status)
                 if res is not None:
                     yield res
 
@@ -722,7 +727,8 @@ def resolve_fixed(
         classes = block_classes(frozenset({pc}))
         fixed.append(Axis(f"g{letters[i]}{index}", Size.const(size), classes, not (classes & in_all_outputs)))
     loop_classes = block_classes(loop[0])
-    return _tiling(s, inputs, tensor_ids, kid, index, fixed, loop_classes, loop[1], None, root_dims, outs)
+    return _tiling(s, inputs, tensor_ids, kid, index, fixed, loop_classes, loop[1], None, root_dims, outs,
+                   _StatusMemo(s, root_dims))
 
 
 def _consumed(s: BlockState, k: int) -> bool:
@@ -732,15 +738,15 @@ def _consumed(s: BlockState, k: int) -> bool:
 def _tiling(
     s: BlockState, inputs: Sequence[InputSpec], tensor_ids: Sequence[str], kid: str, index: int,
     axes: list[Axis], loop: frozenset[int], loop_size: int | None, tie: tuple[str, Size] | None,
-    root_dims: list[tuple[int, ...]], outs: list[int],
+    root_dims: list[tuple[int, ...]], outs: list[int], status: _StatusMemo,
 ) -> Resolved | None:
     """Build the graph kernel for one choice of grid axes and loop, if the linearity analysis
     allows it. `loop_size` is the concrete loop range, or None for a symbol."""
-    grid_status = [_statuses(s, ax.classes, root_dims, None, is_loop=False) for ax in axes]
+    grid_status = [status(ax.classes, is_loop=False) for ax in axes]
     if tie is not None:
-        loop_status = _statuses(s, frozenset(), root_dims, set(s.tied), is_loop=True)
+        loop_status = status(frozenset(), is_loop=True, tied=True)
     elif loop:
-        loop_status = _statuses(s, loop, root_dims, None, is_loop=True)
+        loop_status = status(loop, is_loop=True)
     else:
         loop_status = None
     if any(st is None for st in grid_status) or (loop_status is None and (loop or tie)):
@@ -823,6 +829,20 @@ def _tiling(
         chunks.append(chunk)
     return _build(s, inputs, tensor_ids, kid, axes, tie, loop if tie is None else None, loop_size, imaps, fmaps,
                   acc_kind, outs, omaps, chunks, index)
+
+
+class _StatusMemo:
+    """`_statuses` of one block graph per axis: resolving it tries many combinations of axes."""
+
+    def __init__(self, s: BlockState, root_dims: list[tuple[int, ...]]) -> None:
+        self.s, self.root_dims = s, root_dims
+        self.memo: dict[tuple[frozenset[int], bool, bool], list[str] | None] = {}
+
+    def __call__(self, axis: frozenset[int], is_loop: bool, tied: bool = False) -> list[str] | None:
+        key = (axis, is_loop, tied)
+        if key not in self.memo:
+            self.memo[key] = _statuses(self.s, axis, self.root_dims, set(self.s.tied) if tied else None, is_loop)
+        return self.memo[key]
 
 
 def _statuses(

@@ -244,6 +244,11 @@ class Analysis:
     # instantiate's compiled evaluators of sizes, per kernel id or ("tensor", id), built on first use
     evaluators: dict[str | tuple[str, str], Any] = field(default_factory=dict, repr=False, compare=False)
 
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickled (to Ray workers and back) without the evaluators: generated functions, which
+        only cloudpickle can carry, slowly; the receiver compiles its own on first use."""
+        return {**self.__dict__, "evaluators": {}}
+
 
 def analyze(sg: SGraph, require_used: bool = True) -> Analysis:
     shapes: dict[str, Shape] = {}
@@ -331,6 +336,40 @@ def _analyze_block(
             raise SGraphError(f"{where}: axis {a.name!r} size {a.size} must be a positive product of symbols")
         axis_sizes.setdefault(a.name, a.size)
         axis_owner.setdefault(a.name, k.id)
+    for inp in b.inputs:
+        if inp.tensor not in shapes:
+            raise SGraphError(f"{where}: input {inp.id!r} ({inp.tensor}): tensor {inp.tensor!r} is not defined before "
+                              "this kernel")
+    input_shapes = tuple(shapes[t] for t in k.tensor_inputs)
+    hit = _BLOCK_ANALYSES.get(id(k))
+    if hit is None or hit[0] is not k or hit[1] != (input_shapes, dt):  # the entry keeps k alive: ids stay unique
+        hit = _BLOCK_ANALYSES[id(k)] = (k, (input_shapes, dt), _block_analysis(k, input_shapes, dt))
+        while len(_BLOCK_ANALYSES) > BLOCK_ANALYSES:
+            del _BLOCK_ANALYSES[next(iter(_BLOCK_ANALYSES))]  # the oldest
+    info, outputs, own = hit[2]
+    for tensor, shape in outputs:
+        shapes[tensor] = shape
+        dtypes[tensor] = dt
+    constraints.extend(own)
+    return info
+
+
+# Analyses of graph kernels, by kernel object: the search grows many candidate sGraphs from one
+# kernel object (every candidate after a first kernel shares it), and sizes are slow to multiply.
+BlockAnalysis = tuple[BlockInfo, tuple[tuple[str, Shape], ...], tuple[Constraint, ...]]  # tiles, outputs, constraints
+BLOCK_ANALYSES = 4096
+_BLOCK_ANALYSES: dict[int, tuple[GraphKernel, tuple[tuple[Shape, ...], str], BlockAnalysis]] = {}
+
+
+def _block_analysis(
+    k: GraphKernel, input_shapes: tuple[Shape, ...], dt: str,
+) -> BlockAnalysis:
+    """A graph kernel's tiles, output shapes and constraints, from its input tensors' shapes."""
+    b = k.block
+    where = f"kernel {k.id}"
+    shapes = dict(zip(k.tensor_inputs, input_shapes, strict=True))
+    constraints: list[Constraint] = []
+    outputs: list[tuple[str, Shape]] = []
     grid_sizes = [a.size for a in b.grid]
     loop = b.loop.size
     tiles: dict[str, Shape] = {}
@@ -359,8 +398,6 @@ def _analyze_block(
         raise SGraphError(f"{where}: a block graph needs at least one input")
     for inp in b.inputs:
         w = f"input {inp.id!r} ({inp.tensor})"
-        if inp.tensor not in shapes:
-            raise SGraphError(f"{where}: {w}: tensor {inp.tensor!r} is not defined before this kernel")
         full = shapes[inp.tensor]
         if len(inp.imap) != len(b.grid):
             raise SGraphError(f"{where}: {w}: imap has {len(inp.imap)} entries for {len(b.grid)} grid axes")
@@ -430,8 +467,7 @@ def _analyze_block(
                     f"{where}: {w}: omap sends axis {a.name} to dim {d}, out of range for rank {len(tile)}"
                 )
             whole[d] = whole[d] * a.size
-        shapes[out.tensor] = tuple(whole)
-        dtypes[out.tensor] = dt
+        outputs.append((out.tensor, tuple(whole)))
     for tid, users in consumers.items():
         if not users:
             raise SGraphError(f"{where}: block tensor {tid!r} is computed but never used")
@@ -440,7 +476,7 @@ def _analyze_block(
     info = BlockInfo(tiles, {}, consumers, phase)
     info.storage = _storage_plan(b, info, dt)
     constraints.append(Constraint("smem", smem_bytes(info), k.id, "shared memory of the block's tiles"))
-    return info
+    return info, tuple(outputs), tuple(constraints)
 
 
 _PHASE_TEXT = {"input": "block inputs", "body": "loop body", "acc": "accumulators", "post": "post-loop ops"}

@@ -33,6 +33,14 @@ def _mono_mul(a: Monomial, b: Monomial) -> Monomial:
     return tuple(sorted((s, e) for s, e in exps.items() if e != 0))
 
 
+def _fraction_const(value: int | Fraction) -> Size:
+    value = Fraction(value)
+    return Size((((), value),) if value != 0 else ())
+
+
+_const = lru_cache(maxsize=4096)(_fraction_const)  # integer constants recur (1, dims, byte sizes)
+
+
 @dataclass(frozen=True)
 class Size:
     terms: tuple[tuple[Monomial, Fraction], ...]
@@ -52,8 +60,7 @@ class Size:
 
     @staticmethod
     def const(value: int | Fraction) -> Size:
-        value = Fraction(value)
-        return Size((((), value),) if value != 0 else ())
+        return _const(value) if isinstance(value, int) else _fraction_const(value)
 
     @staticmethod
     def sym(name: str) -> Size:
@@ -77,6 +84,9 @@ class Size:
 
     def __mul__(self, other: Size | int) -> Size:
         other = Size.of(other)
+        if len(self.terms) == 1 and len(other.terms) == 1:  # monomials (tile sizes): no merging
+            (m1, c1), (m2, c2) = self.terms[0], other.terms[0]
+            return Size(((_mono_mul(m1, m2), c1 * c2),))
         acc: dict[Monomial, Fraction] = {}
         for m1, c1 in self.terms:
             for m2, c2 in other.terms:
