@@ -59,13 +59,17 @@ class Verified:
     sgraph: SGraph
     verdict: Verdict
     ranked: list[Ranked]  # best instantiations, best first
+    _sort_key: Key | None = field(default=None, init=False, repr=False, compare=False)
 
     @property
     def best(self) -> Ranked:
         return self.ranked[0]
 
     def sort_key(self) -> Key:
-        return _key(self.sgraph, self.ranked)
+        """(time, kernels, text): computed once, the driver sorts the proved ones at every shard."""
+        if self._sort_key is None:
+            self._sort_key = _key(self.sgraph, self.ranked)
+        return self._sort_key
 
 
 @dataclass

@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from superopt.assignments import assignment_table, enumerate_assignments
+from superopt.assignments import Table, assignment_table, enumerate_assignments
 from superopt.assignments import candidates as divisor_candidates
 from superopt.dtypes import dtype as get_dtype
 from superopt.instantiate import Instance
@@ -305,14 +305,23 @@ def _rank_group(
     own = {k.id: _own_symbols(sg, k, relevant[k.id]) for k in kernels}
     shared = frozenset(s for s in symbols if sum(s in own[k.id] for k in kernels) > 1)
 
+    ranked: dict[str, tuple[Table, _Costs, np.ndarray, np.ndarray]] = {}
+
     def kernel_best(k: Kernel, fixed: Mapping[str, int]) -> list[tuple[float, dict[str, int], KernelEstimate]]:
-        pinned = {**cands, **{s: [v] for s, v in fixed.items()}}
-        table = assignment_table(sg, target, pinned, symbols=own[k.id] | frozenset(fixed))
-        costs = _costs(Instance(sg, table.columns, target), k)
-        times = costs.times(table.rows)
-        # the `keep` fastest, ties broken by the values in symbol order (np.lexsort: last key first)
-        order = np.lexsort([*(table.columns[s] for s in sorted(table.columns, reverse=True)), times])
-        return [(float(times[i]), table.row(i), costs.at(i)) for i in order[:keep]]
+        """The `keep` fastest assignments of k's symbols given the shared ones. Every shared value
+        is estimated at once: k's table spans the shared symbols, each value selects its rows."""
+        if k.id not in ranked:
+            table = assignment_table(sg, target, cands, symbols=own[k.id] | shared)
+            costs = _costs(Instance(sg, table.columns, target), k)
+            times = costs.times(table.rows)
+            # best first, ties broken by the values in symbol order (np.lexsort: last key first)
+            order = np.lexsort([*(table.columns[s] for s in sorted(table.columns, reverse=True)), times])
+            ranked[k.id] = (table, costs, times, order)
+        table, costs, times, order = ranked[k.id]
+        match = np.ones(table.rows, dtype=bool)
+        for s, v in fixed.items():
+            match &= table.columns[s] == v
+        return [(float(times[i]), table.row(i), costs.at(i)) for i in order[match[order]][:keep]]
 
     out: list[tuple[float, dict[str, int], dict[str, KernelEstimate]]] = []
     for fixed in enumerate_assignments(sg, target, cands, symbols=shared):
