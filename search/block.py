@@ -43,6 +43,7 @@ OpRanks = tuple[tuple[str, int], ...]  # ops with their canonical ranks
 # A loop body with its accumulators, as a walk in parts hands it over: its place in the
 # breadth-first order (level, path, accumulator choice), its signature's digest and its ops.
 Step = tuple[str, tuple[int, ...], tuple[Any, ...], tuple[Any, ...]]
+RankedStep = tuple[str, int, tuple[Any, ...], tuple[Any, ...]]  # a one-operand op: op, rank, attrs, consts
 Body = tuple[tuple[int, tuple[int, ...], int], int, tuple[Step, ...]]
 COMMUTATIVE = ("add", "mul")  # binary ops generated with their older operand first only
 UNIT = -1  # the class of a size-1 dim: broadcasts against anything, never split
@@ -167,6 +168,7 @@ class Generator:
         # bodies handed over by `adopt_bodies`, by start state and part
         self._adopted: dict[tuple[BlockState, tuple[int, int]], Lazy[tuple[int, BlockState]]] = {}
         self._pair_memo: dict[tuple[Any, ...], tuple[OpRanks, OpRanks, int]] = {}
+        self._single_memo: dict[tuple[Any, ...], tuple[list[RankedStep], list[RankedStep]]] = {}
         self._ids: dict[AE, int] = {}
         self._exprs: list[AE] = []
         self._eclasses: list[str | None] = []  # by interned id, filled on demand
@@ -244,11 +246,11 @@ class Generator:
                 done -= 1
             state = built[tuple(steps[:done])]
             for k in range(done, len(steps)):
-                state = next(self._try(state, *steps[k]), None) if state else None
+                state = self._try(state, *steps[k]) if state else None
                 built[tuple(steps[: k + 1])] = state
             state = replace(state, last_key=()) if state else None  # accumulators: a new canonical order
             for step in recipe[len(steps):]:
-                state = next(self._try(state, *step), None) if state else None
+                state = self._try(state, *step) if state else None
             if state is None:
                 raise ValueError(f"a loop body handed over does not rebuild here: {recipe}")
             states.append(replace(state, last_key=()))
@@ -296,7 +298,7 @@ class Generator:
             for more in combinations(read, extra):
                 state: BlockState | None = replace(body, last_key=())
                 for k in sorted((*sinks, *more)):
-                    state = next(self._try(state, "acc", (k,), ()), None) if state else None
+                    state = self._try(state, "acc", (k,), ()) if state else None
                 if state is not None:
                     yield replace(state, last_key=())
 
@@ -344,63 +346,89 @@ class Generator:
             state: BlockState | None = accs
             for op, args, attrs, consts in recipe:
                 if state is not None:
-                    state = next(self._try(state, op, tuple(a + first for a in args), attrs, consts), None)
+                    state = self._try(state, op, tuple(a + first for a in args), attrs, consts)
             if state is not None:
                 yield state
 
     def _moves(self, s: BlockState, phase: int) -> Iterator[BlockState]:
+        for step in self._steps(s, phase):
+            child = self._try(s, *step)
+            if child is not None:
+                yield child
+
+    def _steps(self, s: BlockState, phase: int) -> Iterator[Step]:
+        """The ops that may extend `s` in this phase: (op, operands, attributes, constants)."""
         # An op's key starts with its newest operand, and keys must increase: only ops reading a
         # tile at least as new as the previous op's newest operand can follow it.
         newest = s.last_key[0] if s.last_key else 0
         mine = [k for k, t in enumerate(s.tiles) if t.phase == phase]
         for i in mine:
-            t = s.tiles[i]
             if i < newest:
                 for j in mine:
                     if j >= newest:
                         yield from self._pairs(s, i, j)
                 continue
+            admitted, rejected = self._single_ops(s.tiles[i])
+            if not s.last_key or i > newest:  # every op's key follows the last op's
+                self.pruned += len(rejected)  # as `_try` would count
+                for op, _, attrs, consts in admitted:
+                    yield op, (i,), attrs, consts
+            else:
+                self.pruned += sum(1 for _, rank, attrs, consts in rejected
+                                   if (i, (i,), rank, attrs, consts) > s.last_key)
+                for op, rank, attrs, consts in admitted:
+                    if (i, (i,), rank, attrs, consts) > s.last_key:
+                        yield op, (i,), attrs, consts
+            for j in mine:
+                yield from self._pairs(s, i, j)
+
+    def _single_ops(self, t: Tile) -> tuple[list[RankedStep], list[RankedStep]]:
+        """The one-operand ops on a tile (unary, reductions and norms over each non-unit dim, ops
+        with a constant) with their ranks, in generation order: those the oracle admits and those
+        it rejects. Memoized like `_pair_ops`: most are rejected, for the same values again."""
+        key = (t.aid, t.pdims, tuple(c == UNIT for c in t.dims))
+        hit = self._single_memo.get(key)
+        if hit is None:
+            steps: list[RankedStep] = []
             for op in self.space.block_ops:
+                rank = self._rank[op]
                 if op in ops.UNARY:
-                    yield from self._try(s, op, (i,), ())
+                    steps.append((op, rank, (), ()))
                 elif op in ops.REDUCE or op in ("rms_norm", "softmax"):
                     for d, c in enumerate(t.dims):
                         if c == UNIT:
                             continue
                         if op in ops.REDUCE:
                             for keep in (True, False) if self.space.keepdim_false else (True,):
-                                yield from self._try(s, op, (i,), (("dim", d), ("keepdim", keep)))
+                                steps.append((op, rank, (("dim", d), ("keepdim", keep)), ()))
+                        elif op == "rms_norm":
+                            steps += [(op, rank, (("dim", d), ("eps", eps)), ()) for eps in self.space.constants]
                         else:
-                            attrs: tuple[tuple[str, Any], ...] = (("dim", d),)
-                            if op == "rms_norm":
-                                for eps in self.space.constants:
-                                    yield from self._try(s, op, (i,), (*attrs, ("eps", eps)))
-                            else:
-                                yield from self._try(s, op, (i,), attrs)
+                            steps.append((op, rank, (("dim", d),), ()))
                 elif op in ops.BINARY:
                     for value in self.space.constants:
-                        yield from self._try(s, op, (i,), (), consts=((1, value),))
+                        steps.append((op, rank, (), ((1, value),)))
                         if op in ("sub", "div"):
-                            yield from self._try(s, op, (i,), (), consts=((0, value),))
-            for j in mine:
-                yield from self._pairs(s, i, j)
+                            steps.append((op, rank, (), ((0, value),)))
+            ok = [self._ae(op, [t], attrs, consts) is not None for op, _, attrs, consts in steps]
+            hit = ([st for st, y in zip(steps, ok, strict=True) if y],
+                   [st for st, y in zip(steps, ok, strict=True) if not y])
+            self._single_memo[key] = hit
+        return hit
 
-    def _pairs(self, s: BlockState, i: int, j: int) -> Iterator[BlockState]:
-        """Binary ops on tiles i and j (of one phase). add and mul commute: only i <= j."""
+    def _pairs(self, s: BlockState, i: int, j: int) -> list[Step]:
+        """Binary ops on tiles i and j (of one phase). add and mul commute: only i <= j. A list,
+        usually empty: the oracle rejects most pairs, and this runs for every pair of every state."""
         admitted, rejected, rejected_ordered = self._pair_ops(s.tiles[i], s.tiles[j])
         args, swapped = (i, j), j < i
         if not s.last_key or max(args) > s.last_key[0]:  # every op's key follows the last op's
             self.pruned += rejected_ordered if swapped else len(rejected)  # as `_try` would count
-            for op, _ in admitted:
-                if not (swapped and op in COMMUTATIVE):
-                    yield from self._try(s, op, args, ())
-            return
+            return [(op, args, (), ()) for op, _ in admitted if not (swapped and op in COMMUTATIVE)]
         for op, rank in rejected:
             if not (swapped and op in COMMUTATIVE) and (max(args), args, rank, (), ()) > s.last_key:
                 self.pruned += 1
-        for op, rank in admitted:
-            if not (swapped and op in COMMUTATIVE) and (max(args), args, rank, (), ()) > s.last_key:
-                yield from self._try(s, op, args, ())
+        return [(op, args, (), ()) for op, rank in admitted
+                if not (swapped and op in COMMUTATIVE) and (max(args), args, rank, (), ()) > s.last_key]
 
     def _pair_ops(self, a: Tile, b: Tile) -> tuple[OpRanks, OpRanks, int]:
         """The binary ops (with their ranks) whose result on these operands the oracle admits,
@@ -422,33 +450,36 @@ class Generator:
     def _try(
         self, s: BlockState, op: str, args: tuple[int, ...], attrs: tuple[tuple[str, Any], ...],
         consts: tuple[tuple[int, float], ...] = (),
-    ) -> Iterator[BlockState]:
+    ) -> BlockState | None:
+        """`s` with one more op, or None when the canonical order, the oracle, shapes or the
+        duplicate checks refuse it (a plain call: it runs for every op on every state)."""
         key = (max(args), args, self._rank[op], attrs, consts)
         if key <= s.last_key:
-            return
+            return None
         tiles = [s.tiles[a] for a in args]
         abstract = self._ae(op, tiles, attrs, consts)
         if abstract is None:
             self.pruned += 1
-            return
+            return None
         phase = 1 if op == "acc" else tiles[0].phase
         if phase == 1 and op != "acc" and any(t.gathers for t in tiles):
-            return  # computing on a gathered (unreduced) tile after the loop repeats the in-loop variant
+            return None  # computing on a gathered (unreduced) tile after the loop repeats the in-loop variant
         ae, pdims = abstract
         aid = self._intern(ae)
         shaped = self._dims(s.classes, op, tiles, dict(attrs), bool(consts))
         if shaped is None:
-            return
+            return None
         classes, dims = shaped
         roots = tuple(classes.find(d) for d in dims)
+        value = self._eclass(aid)
         for other in s.tiles:
-            if other.phase == phase and self._same_value(other.aid, aid) and \
+            if other.phase == phase and self._same_value(other.aid, aid, value) and \
                     tuple(classes.find(d) for d in other.dims) == roots:
                 self.pruned += 1
-                return  # recomputes an existing tile
+                return None  # recomputes an existing tile
         if op != "acc" and self._recomputes(s, args, aid, phase):
             self.pruned += 1
-            return
+            return None
         gathers = op == "acc" and _gathers(tiles[0])
         tile = Tile(op, args, attrs, phase, dims, ae, pdims, consts=consts, aid=aid, gathers=gathers)
         left = s.nops + (op != "acc")
@@ -458,8 +489,8 @@ class Generator:
         sinks = sum(1 for k, t in enumerate((*s.tiles, tile)) if t.phase == phase and k not in used)
         if op != "acc" and left + max(0, sinks - (MAX_ACCUMULATORS if phase == 0 else MAX_OUTPUTS)) > self.max_ops:
             self.pruned += 1
-            return
-        yield BlockState((*s.tiles, tile), classes, s.used | set(args), left, key, s.tied)
+            return None
+        return BlockState((*s.tiles, tile), classes, s.used | set(args), left, key, s.tied)
 
     def _dims(
         self, classes: Classes, op: str, tiles: list[Tile], attrs: dict[str, Any], has_const: bool,
@@ -508,13 +539,10 @@ class Generator:
             self._exprs.append(e)
         return aid
 
-    def _same_value(self, a: int, b: int) -> bool:
-        """Equal expressions, or equal under the target's axioms (one e-class): `(q·c)·k` and
-        `q·(k·c)` are one value, and a block computing both does the work twice."""
-        if a == b:
-            return True
-        ca, cb = self._eclass(a), self._eclass(b)
-        return ca is not None and ca == cb
+    def _same_value(self, a: int, b: int, b_class: str | None) -> bool:
+        """Equal expressions, or equal under the target's axioms (one e-class; `b_class` is b's):
+        `(q·c)·k` and `q·(k·c)` are one value, and a block computing both does the work twice."""
+        return a == b or (b_class is not None and self._eclass(a) == b_class)
 
     def _eclass(self, aid: int) -> str | None:
         while len(self._eclasses) <= aid:
