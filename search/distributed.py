@@ -30,7 +30,7 @@ from superopt.search.space import space_of
 from superopt.targets import Target
 
 SMALL_JOB = 6  # block ops x program inputs at or below which Ray is not worth starting
-PARTS_PER_WORKER = 2  # block-graph parts per first-kernel choice and worker: small shards balance better
+PARTS_PER_WORKER = 2  # parts per first-kernel choice and worker (gqa, 2 workers: 2 or 4 give 1.46x, 8 1.31x)
 IN_FLIGHT_PER_WORKER = 2  # shards submitted ahead per worker: one running, one queued
 FAULT_KILL_ONCE = "SUPEROPT_FAULT_KILL_ONCE"  # test equipment: a file path; see _maybe_die
 

@@ -70,6 +70,7 @@ class KState:
 FirstChoice = tuple[str, Any]  # ("library", move key) | ("graph", input tensor indices)
 TIE = 1e-9  # relative difference of estimates below which two are the same (float sums differ in order)
 DEAL_FIRSTS_FROM = 3  # kernel count from which parts split the first kernel's states, not its block graphs
+KERNEL_TEXTS = 65536  # kernels whose repr is kept (see KernelSearch._text)
 BLOCK_CACHE_ENTRIES = 256  # input combinations whose block graphs are kept (least recently used go)
 
 
@@ -107,7 +108,8 @@ class KernelSearch:
             self.bandwidth, self.launch_s = self.target.dram_bytes_per_s, self.target.launch_overhead_s
         self._first_states: dict[tuple[int, ...], list[KState]] = {}  # by input subset, for dealing out
         self._kernel_floors: dict[str, dict[int, float]] = {}  # kernel and input shapes (text) -> `_floors`
-        self._estimates: dict[str, float] = {}  # kernels (text) -> the sum of their floors
+        self._estimates: dict[tuple[str, ...], float] = {}  # kernels (text) -> the sum of their floors
+        self._texts: dict[int, tuple[Kernel, str]] = {}  # kernel object id -> (it, its repr): see `_text`
         self._gen = Generator(self.space, self.oracle, self.config.max_block_ops, on_state=self._tick,
                               no_loop_tilings=not self.config.concrete)
         self._alg = self.oracle.alg
@@ -287,7 +289,7 @@ class KernelSearch:
         (a larger graph adds constraints, never values), or 0 when that is not known. Each
         kernel's is kept: deeper graphs share their first kernels."""
         assert self.target is not None
-        whole = repr(s.kernels)
+        whole = tuple(self._text(k) for k in s.kernels)
         hit = self._estimates.get(whole)
         if hit is None:
             hit = self._estimates[whole] = self._sum_of_floors(s)
@@ -317,13 +319,24 @@ class KernelSearch:
         """Kernel k's least estimated time, per chunk count when its outputs are per-chunk partials
         (`costmodel.kernel_floors`); kept per kernel and input shapes (deeper graphs share kernels)."""
         assert self.target is not None
-        key = repr((k, [sg.info.shapes[t] for t in k.tensor_inputs]))
+        key = self._text(k) + repr([sg.info.shapes[t] for t in k.tensor_inputs])
         hit = self._kernel_floors.get(key)
         if hit is None:
             chunks = next((t.chunk.axis for t in s.tensors  # a symbol unless the search is concrete
                            if t.id in k.outputs and t.chunk is not None and not t.chunk.size.is_const()), None)
             hit = self._kernel_floors[key] = costmodel.kernel_floors(sg, self.target, k, values, by=chunks)
         return hit
+
+    def _text(self, k: Kernel) -> str:
+        """repr(k), the key of a kernel's floors and estimates: kept per kernel object (states
+        grown from one kernel share the object; a block graph's repr is slow). The entry holds
+        the kernel, so its id is not reused while the entry lives."""
+        hit = self._texts.get(id(k))
+        if hit is None or hit[0] is not k:
+            hit = self._texts[id(k)] = (k, repr(k))
+            if len(self._texts) > KERNEL_TEXTS:
+                del self._texts[next(iter(self._texts))]  # the oldest
+        return hit[1]
 
     def _undominated(self, firsts: list[KState]) -> list[KState]:
         """The first kernels that fewer than `keep` others beat (`_beats`) among those doing the

@@ -10,6 +10,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from superopt.ops import Shape
 from superopt.sgraph import Constraint, GraphKernel, SGraph
 from superopt.sizes import Size, compile_sizes
 from superopt.targets import Target
@@ -75,6 +76,21 @@ class _SizeSlots:
 
     @staticmethod
     def of(sg: SGraph, owner: str | tuple[str, str]) -> _SizeSlots:
+        """Compiled once per graph kernel object and input shapes: a search ranks many sGraphs
+        that share kernel objects (the entry keeps the kernel alive, so its id stays its own)."""
+        k = None if isinstance(owner, tuple) else sg.kernel(owner)
+        if not isinstance(k, GraphKernel):
+            return _SizeSlots._build(sg, owner)
+        shapes = tuple(sg.info.shapes[t] for t in k.tensor_inputs)
+        hit = _GRAPH_KERNEL_SLOTS.get(id(k))
+        if hit is None or hit[0] is not k or hit[1] != shapes:
+            hit = _GRAPH_KERNEL_SLOTS[id(k)] = (k, shapes, _SizeSlots._build(sg, owner))
+            if len(_GRAPH_KERNEL_SLOTS) > GRAPH_KERNEL_SLOTS:
+                del _GRAPH_KERNEL_SLOTS[next(iter(_GRAPH_KERNEL_SLOTS))]  # the oldest
+        return hit[2]
+
+    @staticmethod
+    def _build(sg: SGraph, owner: str | tuple[str, str]) -> _SizeSlots:
         info = sg.info
         if isinstance(owner, tuple):
             groups: list[tuple[object, Sequence[Size]]] = [(owner[1], info.shapes[owner[1]])]
@@ -97,6 +113,10 @@ class _SizeSlots:
         ints = self.evaluate(values)
         for key, start, stop in self.slots:
             cache[key] = ints[start:stop]
+
+
+GRAPH_KERNEL_SLOTS = 4096
+_GRAPH_KERNEL_SLOTS: dict[int, tuple[GraphKernel, tuple[Shape, ...], _SizeSlots]] = {}
 
 
 def instantiate(sg: SGraph, values: Mapping[str, int], target: Target) -> Instance:
