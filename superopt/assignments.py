@@ -3,6 +3,8 @@
 Candidates for a symbol are the divisors of the sizes it splits (DESIGN.md §6 level 2); the
 enumeration assigns symbols one at a time and checks each constraint as soon as all of its
 symbols have values, in exact integer arithmetic, so invalid branches are cut early.
+`assignment_table` builds the same assignments as numpy columns, a symbol at a time, for the
+cost model to estimate all of them at once.
 """
 
 from __future__ import annotations

@@ -17,6 +17,10 @@ Per kernel: time = launch overhead + max(DRAM time, compute time, loop-latency t
   the blocks resident on an SM (as many as shared memory and threads allow).
 The physical floor of a program is its inputs read once plus outputs written once over bandwidth,
 or its FLOPs over the tensor peak, whichever is larger.
+
+The formulas run on numpy columns: an Instance whose values are columns (`assignment_table`)
+gets every assignment's estimate at once, which is how `rank` and `kernel_floors` use them;
+`estimate` is the same code on one instantiation.
 """
 
 from __future__ import annotations
