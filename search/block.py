@@ -692,6 +692,34 @@ def resolve(
     tie: tuple[str, Size] | None, max_grid: int = 3, partial_axes: bool = True,
 ) -> Iterator[Resolved]:
     """Every valid tiling of a complete block graph, as graph kernels with symbolic sizes."""
+    letters = "xyz"
+    for plan in _plans(s, len(inputs), tie is not None, max_grid, partial_axes):
+        axes = [Axis(f"g{letters[i]}{index}", Size.sym(f"g{letters[i]}{index}"), classes, partial)
+                for i, (classes, partial) in enumerate(plan.axes)]
+        yield _built(s, inputs, tensor_ids, kid, index, axes, tie, None, plan)
+
+
+# Plans of block graphs, by state object: a block space replayed for another kernel-level state
+# resolves the same graphs again (each about 17 times on gqa); only the names differ.
+PLANS_KEPT = 8192
+_PLANS: dict[int, tuple[BlockState, dict[tuple[int, bool, int, bool], list[_Plan]]]] = {}
+
+
+def _plans(s: BlockState, n_inputs: int, tied: bool, max_grid: int, partial_axes: bool) -> list[_Plan]:
+    """The plans of every valid tiling of `s`, in a stable order (the entry keeps `s` alive, so
+    its id stays its own)."""
+    key = (n_inputs, tied, max_grid, partial_axes)
+    entry = _PLANS.get(id(s))
+    if entry is None or entry[0] is not s:
+        entry = _PLANS[id(s)] = (s, {})
+        if len(_PLANS) > PLANS_KEPT:
+            del _PLANS[next(iter(_PLANS))]  # the oldest
+    if key not in entry[1]:
+        entry[1][key] = list(_search_plans(s, n_inputs, tied, max_grid, partial_axes))
+    return entry[1][key]
+
+
+def _search_plans(s: BlockState, n_inputs: int, tied: bool, max_grid: int, partial_axes: bool) -> Iterator[_Plan]:
     cl = s.classes
     outs = [k for k, t in enumerate(s.tiles) if t.phase == 1 and not _consumed(s, k)]
     root_dims = [tuple(cl.find(d) for d in t.dims) for t in s.tiles]
@@ -712,7 +740,7 @@ def resolve(
     reduced = sorted(input_classes - in_all_outputs - tied_classes)
     splittable_reduced = [c for c in reduced if splits(c, (SUM, MEAN))]
     loop_options: list[frozenset[int]]
-    if tie is not None:
+    if tied:
         loop_options = [frozenset({-2})]  # the tied loop: walks the tied input dims
     else:
         loop_options = [frozenset(c) for r in range(len(reduced) + 1) for c in combinations(reduced, r)]
@@ -726,12 +754,10 @@ def resolve(
             for par in grid_sets:
                 if not par and not partial:
                     continue
-                letters = "xyz"
-                axes = [Axis(f"g{letters[i]}{index}", Size.sym(f"g{letters[i]}{index}"), frozenset({c}), c in partial)
-                        for i, c in enumerate((*par, *partial))]
-                res = _tiling(s, inputs, tensor_ids, kid, index, axes, loop, None, tie, root_dims, outs, status)
-                if res is not None:
-                    yield res
+                axes = tuple((frozenset({c}), c in partial) for c in (*par, *partial))
+                plan = _plan(s, n_inputs, axes, loop, tied, root_dims, outs, status)
+                if plan is not None:
+                    yield plan
 
 
 def resolve_fixed(
@@ -770,28 +796,64 @@ def _tiling(
 ) -> Resolved | None:
     """Build the graph kernel for one choice of grid axes and loop, if the linearity analysis
     allows it. `loop_size` is the concrete loop range, or None for a symbol."""
-    grid_status = [status(ax.classes, is_loop=False) for ax in axes]
-    if tie is not None:
+    plan = _plan(s, len(inputs), tuple((ax.classes, ax.partial) for ax in axes), loop, tie is not None,
+                 root_dims, outs, status)
+    return None if plan is None else _built(s, inputs, tensor_ids, kid, index, axes, tie, loop_size, plan)
+
+
+def _built(
+    s: BlockState, inputs: Sequence[InputSpec], tensor_ids: Sequence[str], kid: str, index: int,
+    axes: list[Axis], tie: tuple[str, Size] | None, loop_size: int | None, plan: _Plan,
+) -> Resolved:
+    """The graph kernel of a plan, named for its place (kernel id, axis names, tensors)."""
+    chunks = [None if c is None else Chunk(c[0], axes[c[1]].name, axes[c[1]].size, c[2], c[3]) for c in plan.chunks]
+    return _build(s, inputs, tensor_ids, kid, axes, tie, plan.loop if tie is None else None, loop_size,
+                  plan.imaps, plan.fmaps, plan.acc_kind, plan.outs, plan.omaps, chunks, index)
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """A valid tiling of a block graph, before names: the grid axes (the classes each splits,
+    and whether it is a partial-result axis), the loop, and the maps and accumulators they imply.
+    A chunk is (dim, grid axis position, "sum" | "mean", size per chunk)."""
+
+    axes: tuple[tuple[frozenset[int], bool], ...]
+    loop: frozenset[int]
+    imaps: list[list[int | None]]
+    fmaps: list[int | None]
+    acc_kind: dict[int, tuple[str, int | None]]
+    outs: list[int]
+    omaps: list[list[int]]
+    chunks: list[tuple[int, int, str, int] | None]
+
+
+def _plan(
+    s: BlockState, n_inputs: int, axes: tuple[tuple[frozenset[int], bool], ...], loop: frozenset[int],
+    tied: bool, root_dims: list[tuple[int, ...]], outs: list[int], status: _StatusMemo,
+) -> _Plan | None:
+    """The linearity analysis of one choice of grid axes and loop: its plan, or None when some
+    tile would not be computable per block (or the tiling repeats another's work)."""
+    grid_status = [status(classes, is_loop=False) for classes, _ in axes]
+    if tied:
         loop_status = status(frozenset(), is_loop=True, tied=True)
     elif loop:
         loop_status = status(loop, is_loop=True)
     else:
         loop_status = None
-    if any(st is None for st in grid_status) or (loop_status is None and (loop or tie)):
+    if any(st is None for st in grid_status) or (loop_status is None and (loop or tied)):
         return None
     # Inputs: imap and fmap.
-    n_inputs = len(inputs)
     imaps: list[list[int | None]] = []
     fmaps: list[int | None] = []
     for k in range(n_inputs):
         dims = root_dims[k]
         imap: list[int | None] = []
-        for ax in axes:
-            hits = [d for d, c in enumerate(dims) if c in ax.classes]
+        for classes, _ in axes:
+            hits = [d for d, c in enumerate(dims) if c in classes]
             if len(hits) > 1:
                 return None
             imap.append(hits[0] if hits else None)
-        walked = [d for (t, d) in s.tied if t == k] if tie is not None else [d for d, c in enumerate(dims) if c in loop]
+        walked = [d for (t, d) in s.tied if t == k] if tied else [d for d, c in enumerate(dims) if c in loop]
         if len(walked) > 1:
             return None
         imaps.append(imap)
@@ -799,7 +861,7 @@ def _tiling(
     for a in range(len(axes)):
         if all(imaps[k][a] is None for k in range(n_inputs)):
             return None  # an axis that splits no input computes the same tile in every block
-    looping = tie is not None or bool(loop)
+    looping = tied or bool(loop)
     if looping and all(f is None for f in fmaps):
         return None
     if not looping and any(t.phase == 1 and t.op != "acc" for t in s.tiles):
@@ -829,34 +891,33 @@ def _tiling(
             return None
     # Outputs: omaps and chunks.
     omaps: list[list[int]] = []
-    chunks: list[Chunk | None] = []
+    chunks: list[tuple[int, int, str, int] | None] = []
     for o in outs:
         dims = root_dims[o]
         omap: list[int] = []
-        chunk: Chunk | None = None
-        for a, ax in enumerate(axes):
+        chunk: tuple[int, int, str, int] | None = None
+        for a, (classes, partial) in enumerate(axes):
             st = grid_status[a][o]  # type: ignore[index]
-            if st == SPLIT and not ax.partial:
-                hits = [d for d, c in enumerate(dims) if c in ax.classes]
+            if st == SPLIT and not partial:
+                hits = [d for d, c in enumerate(dims) if c in classes]
                 if len(hits) != 1:
                     return None
                 omap.append(hits[0])
-            elif st in (SUM, MEAN) and ax.partial:
+            elif st in (SUM, MEAN) and partial:
                 free = [d for d in range(len(dims)) if d not in omap]
-                taken = {h for b, bx in enumerate(axes) if not bx.partial
-                         for h in [d for d, c in enumerate(dims) if c in bx.classes]}
+                taken = {h for other, other_partial in axes if not other_partial
+                         for h in [d for d, c in enumerate(dims) if c in other]}
                 free = [d for d in free if d not in taken]
                 if not free:
                     return None
                 omap.append(free[-1])
                 base = s.classes.size[dims[free[-1]]] if dims[free[-1]] != UNIT else 1
-                chunk = Chunk(free[-1], ax.name, ax.size, st, base)
+                chunk = (free[-1], a, st, base)
             else:
                 return None
         omaps.append(omap)
         chunks.append(chunk)
-    return _build(s, inputs, tensor_ids, kid, axes, tie, loop if tie is None else None, loop_size, imaps, fmaps,
-                  acc_kind, outs, omaps, chunks, index)
+    return _Plan(axes, loop, imaps, fmaps, acc_kind, list(outs), omaps, chunks)
 
 
 class _StatusMemo:
