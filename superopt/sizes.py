@@ -27,6 +27,8 @@ class SizeError(ValueError):
 
 
 def _mono_mul(a: Monomial, b: Monomial) -> Monomial:
+    if not a or not b:  # a constant factor: most products in tile and byte formulas
+        return a or b
     exps = dict(a)
     for s, e in b:
         exps[s] = exps.get(s, 0) + e
