@@ -321,12 +321,14 @@ def run_search(
                 for i in range(parts):
                     walked[c, i] = tuple(b for b in bodies if b[1] % parts == i)
         # Each shard is made when the executor takes it, with the best proved by then: shards
-        # that start later verify less. Split among workers, the shards not split (library first
-        # kernels) go first: long work that cannot be divided should not start last.
+        # that start later verify less. Split among workers, library first kernels go first: long
+        # work should not start last. A library first kernel's shard is split only when the
+        # second kernel is the last (its block space is the work; split deeper, the parts would
+        # each search the same last kernels again).
         order = sorted(choices, key=lambda c: c[0] == "graph") if parts > 1 else choices
         shards = (Shard(depth, choice, (parts, i), tuple(sorted(v.sort_key() for v in outcome.verified)[:contenders]),
                         contenders, bodies=walked.get((choice, i)) if depth < DEAL_FIRSTS_FROM else None)
-                  for choice in order for i in range(parts if choice[0] == "graph" else 1))
+                  for choice in order for i in range(parts if choice[0] == "graph" or depth == 2 else 1))
         bounded = False
         for result in run(shards, deadline, None if max_states is None else max_states - stats.states):
             merge(result)

@@ -200,12 +200,15 @@ class KernelSearch:
 
     def candidates_in(self, depth: int, choice: FirstChoice, part: tuple[int, int] = (1, 0)) -> Iterator[SGraph]:
         """Candidates of `depth` kernels whose first kernel is `choice`; `part` splits the first
-        kernel's block graphs among workers (see Generator.complete_graphs)."""
+        kernel's block graphs among workers (see Generator.complete_graphs), or after a library
+        first kernel the second kernel's."""
         root = self.initial()
         self.states += 1
         self._tick()
         final = depth == 1
         if choice[0] == "library":
+            if final and part[1] != 0:
+                return  # one kernel: nothing after it to split, the first part has it
             firsts: Iterator[KState] = (s for s in self._library_moves(root, final) if s.last_key == choice[1])
         elif depth >= DEAL_FIRSTS_FROM and part[0] > 1:
             # Most of a deep graph's work is in the kernels after the first, unevenly so: the
@@ -226,11 +229,16 @@ class KernelSearch:
         # whose last kernel reads program inputs again (the large spaces, as large as a whole
         # one-kernel search). Same candidates; the cheap ones are not queued behind the costly.
         states = self._undominated(list(firsts)) if choice[0] == "graph" else list(firsts)
+        second = part if choice[0] == "library" else (1, 0)  # a graph first kernel was split already
         for rereads in (False, True):
             for state in states:
-                yield from self._at_depth(state, depth, rereads)
+                yield from self._at_depth(state, depth, rereads, second)
 
-    def _at_depth(self, state: KState, depth: int, rereads: bool | None = None) -> Iterator[SGraph]:
+    def _at_depth(
+        self, state: KState, depth: int, rereads: bool | None = None, part: tuple[int, int] = (1, 0),
+    ) -> Iterator[SGraph]:
+        """Candidates of `depth` kernels grown from `state`; `part` splits the next kernel's moves
+        (a library first kernel's shard is split at its second kernel)."""
         self.states += 1
         self._tick()
         left = depth - len(state.kernels)
@@ -250,16 +258,20 @@ class KernelSearch:
             self.pruned += 1
             return
         final = len(state.kernels) == depth - 1
-        for nxt in self.moves(state, final=final, rereads=rereads if final else None):
+        for nxt in self.moves(state, final=final, rereads=rereads if final else None, part=part):
             yield from self._at_depth(nxt, depth, rereads)
 
-    def moves(self, s: KState, final: bool = False, rereads: bool | None = None) -> Iterator[KState]:
+    def moves(
+        self, s: KState, final: bool = False, rereads: bool | None = None, part: tuple[int, int] = (1, 0),
+    ) -> Iterator[KState]:
         """Successor states. For the last kernel of a depth, only kernels that complete the
         program's outputs are worth building: their new tensors must match what is missing.
         `rereads` (last kernel only) keeps the kernels that do (True) or do not (False) read a
-        program input; None keeps both."""
-        yield from self._library_moves(s, final, rereads)
-        yield from self._graph_moves(s, final, rereads=rereads)
+        program input; None keeps both. `part` = (parts, index) keeps this part's share: the
+        library kernels go to the first part, graph-defined ones by their block graphs."""
+        if part[1] == 0:
+            yield from self._library_moves(s, final, rereads)
+        yield from self._graph_moves(s, final, part=part, rereads=rereads)
 
     def _bytes(self, t: KTensor) -> float:
         """The fewest bytes tensor `t` can have (a chunked dim counts one chunk)."""
