@@ -32,6 +32,7 @@ from typing import Any, Generic, TypeVar
 
 from superopt import ops
 from superopt.build import BlockBuilder
+from superopt.object_cache import ObjectCache
 from superopt.primitives import apply
 from superopt.search.space import Space
 from superopt.sgraph import GraphKernel
@@ -701,22 +702,13 @@ def resolve(
 
 # Plans of block graphs, by state object: a block space replayed for another kernel-level state
 # resolves the same graphs again (each about 17 times on gqa); only the names differ.
-PLANS_KEPT = 8192
-_PLANS: dict[int, tuple[BlockState, dict[tuple[int, bool, int, bool], list[_Plan]]]] = {}
+_PLANS: ObjectCache[BlockState, list[_Plan]] = ObjectCache(8192)
 
 
 def _plans(s: BlockState, n_inputs: int, tied: bool, max_grid: int, partial_axes: bool) -> list[_Plan]:
-    """The plans of every valid tiling of `s`, in a stable order (the entry keeps `s` alive, so
-    its id stays its own)."""
-    key = (n_inputs, tied, max_grid, partial_axes)
-    entry = _PLANS.get(id(s))
-    if entry is None or entry[0] is not s:
-        entry = _PLANS[id(s)] = (s, {})
-        if len(_PLANS) > PLANS_KEPT:
-            del _PLANS[next(iter(_PLANS))]  # the oldest
-    if key not in entry[1]:
-        entry[1][key] = list(_search_plans(s, n_inputs, tied, max_grid, partial_axes))
-    return entry[1][key]
+    """The plans of every valid tiling of `s`, in a stable order."""
+    return _PLANS.get(s, (n_inputs, tied, max_grid, partial_axes),
+                      lambda: list(_search_plans(s, n_inputs, tied, max_grid, partial_axes)))
 
 
 def _search_plans(s: BlockState, n_inputs: int, tied: bool, max_grid: int, partial_axes: bool) -> Iterator[_Plan]:

@@ -31,6 +31,7 @@ from superopt.assignments import bounded_candidates
 from superopt.config import SearchConfig
 from superopt.dimclasses import input_classes
 from superopt.dtypes import dtype as get_dtype
+from superopt.object_cache import ObjectCache
 from superopt.primitives import apply
 from superopt.program import Program
 from superopt.search.block import (
@@ -70,7 +71,6 @@ class KState:
 FirstChoice = tuple[str, Any]  # ("library", move key) | ("graph", input tensor indices)
 TIE = 1e-9  # relative difference of estimates below which two are the same (float sums differ in order)
 DEAL_FIRSTS_FROM = 3  # kernel count from which parts split the first kernel's states, not its block graphs
-KERNEL_TEXTS = 65536  # kernels whose repr is kept (see KernelSearch._text)
 BLOCK_CACHE_ENTRIES = 256  # input combinations whose block graphs are kept (least recently used go)
 
 
@@ -109,7 +109,7 @@ class KernelSearch:
         self._first_states: dict[tuple[int, ...], list[KState]] = {}  # by input subset, for dealing out
         self._kernel_floors: dict[str, dict[int, float]] = {}  # kernel and input shapes (text) -> `_floors`
         self._estimates: dict[tuple[str, ...], float] = {}  # kernels (text) -> the sum of their floors
-        self._texts: dict[int, tuple[Kernel, str]] = {}  # kernel object id -> (it, its repr): see `_text`
+        self._texts: ObjectCache[Kernel, str] = ObjectCache(65536)  # kernel -> its repr: see `_text`
         self._gen = Generator(self.space, self.oracle, self.config.max_block_ops, on_state=self._tick,
                               no_loop_tilings=not self.config.concrete)
         self._alg = self.oracle.alg
@@ -341,14 +341,8 @@ class KernelSearch:
 
     def _text(self, k: Kernel) -> str:
         """repr(k), the key of a kernel's floors and estimates: kept per kernel object (states
-        grown from one kernel share the object; a block graph's repr is slow). The entry holds
-        the kernel, so its id is not reused while the entry lives."""
-        hit = self._texts.get(id(k))
-        if hit is None or hit[0] is not k:
-            hit = self._texts[id(k)] = (k, repr(k))
-            if len(self._texts) > KERNEL_TEXTS:
-                del self._texts[next(iter(self._texts))]  # the oldest
-        return hit[1]
+        grown from one kernel share the object; a block graph's repr is slow)."""
+        return self._texts.get(k, None, lambda: repr(k))
 
     def _undominated(self, firsts: list[KState]) -> list[KState]:
         """The first kernels that fewer than `keep` others beat (`_beats`) among those doing the

@@ -10,7 +10,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from superopt.ops import Shape
+from superopt.object_cache import ObjectCache
 from superopt.sgraph import Constraint, GraphKernel, SGraph
 from superopt.sizes import Size, compile_sizes
 from superopt.targets import Target
@@ -77,17 +77,12 @@ class _SizeSlots:
     @staticmethod
     def of(sg: SGraph, owner: str | tuple[str, str]) -> _SizeSlots:
         """Compiled once per graph kernel object and input shapes: a search ranks many sGraphs
-        that share kernel objects (the entry keeps the kernel alive, so its id stays its own)."""
+        that share kernel objects."""
         k = None if isinstance(owner, tuple) else sg.kernel(owner)
         if not isinstance(k, GraphKernel):
             return _SizeSlots._build(sg, owner)
         shapes = tuple(sg.info.shapes[t] for t in k.tensor_inputs)
-        hit = _GRAPH_KERNEL_SLOTS.get(id(k))
-        if hit is None or hit[0] is not k or hit[1] != shapes:
-            hit = _GRAPH_KERNEL_SLOTS[id(k)] = (k, shapes, _SizeSlots._build(sg, owner))
-            if len(_GRAPH_KERNEL_SLOTS) > GRAPH_KERNEL_SLOTS:
-                del _GRAPH_KERNEL_SLOTS[next(iter(_GRAPH_KERNEL_SLOTS))]  # the oldest
-        return hit[2]
+        return _GRAPH_KERNEL_SLOTS.get(k, shapes, lambda: _SizeSlots._build(sg, owner))
 
     @staticmethod
     def _build(sg: SGraph, owner: str | tuple[str, str]) -> _SizeSlots:
@@ -115,8 +110,7 @@ class _SizeSlots:
             cache[key] = ints[start:stop]
 
 
-GRAPH_KERNEL_SLOTS = 4096
-_GRAPH_KERNEL_SLOTS: dict[int, tuple[GraphKernel, tuple[Shape, ...], _SizeSlots]] = {}
+_GRAPH_KERNEL_SLOTS: ObjectCache[GraphKernel, _SizeSlots] = ObjectCache(4096)
 
 
 def instantiate(sg: SGraph, values: Mapping[str, int], target: Target) -> Instance:

@@ -28,6 +28,7 @@ from typing import Any, Literal
 
 from superopt import ops
 from superopt.dtypes import dtype as get_dtype
+from superopt.object_cache import ObjectCache
 from superopt.ops import OpError, Shape
 from superopt.sizes import Size, SizeError, product
 
@@ -341,12 +342,7 @@ def _analyze_block(
             raise SGraphError(f"{where}: input {inp.id!r} ({inp.tensor}): tensor {inp.tensor!r} is not defined before "
                               "this kernel")
     input_shapes = tuple(shapes[t] for t in k.tensor_inputs)
-    hit = _BLOCK_ANALYSES.get(id(k))
-    if hit is None or hit[0] is not k or hit[1] != (input_shapes, dt):  # the entry keeps k alive: ids stay unique
-        hit = _BLOCK_ANALYSES[id(k)] = (k, (input_shapes, dt), _block_analysis(k, input_shapes, dt))
-        while len(_BLOCK_ANALYSES) > BLOCK_ANALYSES:
-            del _BLOCK_ANALYSES[next(iter(_BLOCK_ANALYSES))]  # the oldest
-    info, outputs, own = hit[2]
+    info, outputs, own = _BLOCK_ANALYSES.get(k, (input_shapes, dt), lambda: _block_analysis(k, input_shapes, dt))
     for tensor, shape in outputs:
         shapes[tensor] = shape
         dtypes[tensor] = dt
@@ -354,11 +350,11 @@ def _analyze_block(
     return info
 
 
-# Analyses of graph kernels, by kernel object: the search grows many candidate sGraphs from one
-# kernel object (every candidate after a first kernel shares it), and sizes are slow to multiply.
+# Analyses of graph kernels, by kernel object and input shapes: the search grows many candidate
+# sGraphs from one kernel object (every candidate after a first kernel shares it), and sizes are
+# slow to multiply.
 BlockAnalysis = tuple[BlockInfo, tuple[tuple[str, Shape], ...], tuple[Constraint, ...]]  # tiles, outputs, constraints
-BLOCK_ANALYSES = 4096
-_BLOCK_ANALYSES: dict[int, tuple[GraphKernel, tuple[tuple[Shape, ...], str], BlockAnalysis]] = {}
+_BLOCK_ANALYSES: ObjectCache[GraphKernel, BlockAnalysis] = ObjectCache(4096)
 
 
 def _block_analysis(

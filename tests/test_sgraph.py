@@ -406,3 +406,17 @@ def test_estimates_over_columns_equal_one_assignment_at_a_time(spec, h100):
         alone = estimate(instantiate(sg, table.row(i), h100)).kernels
         assert [c.at(i) for c in per_kernel] == alone
     assert len({c.at(i).time_s for c in per_kernel for i in rows}) > len(sg.kernels)  # the rows differ
+
+
+def test_object_cache_keeps_values_by_identity_and_key():
+    from superopt.object_cache import ObjectCache
+
+    calls: list[str] = []
+    cache: ObjectCache[dict, str] = ObjectCache(limit=2)
+    a, twin = {"x": 1}, {"x": 1}  # equal, unhashable, different objects
+    assert cache.get(a, 1, lambda: calls.append("a1") or "A1") == "A1"
+    assert cache.get(a, 1, lambda: calls.append("again") or "stale") == "A1"
+    assert cache.get(twin, 1, lambda: calls.append("twin") or "T1") == "T1"  # identity, not equality
+    assert cache.get(a, 2, lambda: calls.append("a2") or "A2") == "A2"  # another key: another value
+    assert cache.get(a, 1, lambda: calls.append("a1 again") or "A1'") == "A1'"  # the oldest went at 3 entries
+    assert calls == ["a1", "twin", "a2", "a1 again"]
