@@ -26,6 +26,8 @@ from dataclasses import dataclass, field
 from itertools import combinations
 from typing import Any
 
+import numpy as np
+
 from superopt import costmodel, ops
 from superopt.assignments import bounded_candidates
 from superopt.config import SearchConfig
@@ -44,6 +46,7 @@ from superopt.search.block import (
     resolve,
     resolve_fixed,
 )
+from superopt.search.fingerprint import fingerprint, random_inputs
 from superopt.search.space import Space
 from superopt.sgraph import GraphKernel, Kernel, LibraryKernel, SGraph, SGraphError, TensorDecl, analyze
 from superopt.sizes import Size
@@ -110,6 +113,7 @@ class KernelSearch:
         self._kernel_floors: dict[str, dict[int, float]] = {}  # kernel and input shapes (text) -> `_floors`
         self._estimates: dict[tuple[str, ...], float] = {}  # kernels (text) -> the sum of their floors
         self._texts: ObjectCache[Kernel, str] = ObjectCache(65536)  # kernel -> its repr: see `_text`
+        self._inputs: dict[str, np.ndarray] | None = None  # random program inputs for `_fingerprint`
         self._gen = Generator(self.space, self.oracle, self.config.max_block_ops, on_state=self._tick,
                               no_loop_tilings=not self.config.concrete)
         self._alg = self.oracle.alg
@@ -345,13 +349,16 @@ class KernelSearch:
         return self._texts.get(k, None, lambda: repr(k))
 
     def _undominated(self, firsts: list[KState]) -> list[KState]:
-        """The first kernels that fewer than `keep` others beat (`_beats`) among those doing the
-        same computation (`_computation`) into tensors of the same shapes and chunks: the same
-        values, tiled differently. What can follow a first kernel depends only on the tensors it
-        computes, and a graph's estimate is its first kernel's own plus the rest's (they share
-        no symbol but a chunk count, compared per count), so a beaten first kernel leads only to
-        graphs that rank behind `keep` others. One with no valid sizes leads to no
-        graph that can be instantiated."""
+        """The first kernels that fewer than `keep` others beat (`_beats`) among those computing
+        the same values into tensors of the same shapes and chunks: tiled differently, or the
+        same function by other ops (a scale applied to Q, to K or to Q K). Same values: each
+        output's abstract expression in one e-class of the target's e-graph (so the oracle admits
+        the same kernels after them) and equal numeric fingerprints (`search.fingerprint`: the
+        expressions drop constants and signs). What can follow a first kernel depends only on
+        the tensors it computes, and a graph's estimate is its first kernel's own plus the
+        rest's (they share no symbol but a chunk count, compared per count), so a beaten first
+        kernel leads only to graphs that rank behind `keep` others. One with no valid sizes
+        leads to no graph that can be instantiated."""
         if self.target is None or len(firsts) <= self.keep:
             return firsts
         start = len(self.program.inputs)
@@ -360,12 +367,19 @@ class KernelSearch:
             prefix = self._prefix(st)
             if prefix is None:
                 continue  # its estimate is not known: never cut
-            made = (_computation(st.kernels[0]), tuple((t.shape, t.chunk) for t in st.tensors[start:]))
+            values = tuple((self.oracle.class_of(t.ae), t.shape, t.chunk) for t in st.tensors[start:])
+            made = (values, self._fingerprint(st.kernels[0]))
             groups.setdefault(made, []).append((st, self._floors(st, *prefix, st.kernels[0]), prefix[0].dumps()))
         beaten = {id(b[0]) for members in groups.values() for b in members
                   if not b[1] or sum(_beats(a[1:], b[1:]) for a in members if a is not b) >= self.keep}
         self.pruned += len(beaten)
         return [st for st in firsts if id(st) not in beaten]
+
+    def _fingerprint(self, k: Kernel) -> tuple[bytes, ...]:
+        assert isinstance(k, GraphKernel)
+        if self._inputs is None:
+            self._inputs = random_inputs(self.program)
+        return fingerprint(k, self._inputs)
 
     def _unwritten(self, s: KState) -> float:
         return sum(self._output_bytes[i] for i in self._missing(s))
@@ -593,19 +607,6 @@ class KernelSearch:
             self.pruned += 1
             return None
         return sg
-
-
-def _computation(k: Kernel) -> str:
-    """What a graph kernel computes, without how it is tiled (grid, maps, loop): its block ops,
-    accumulators and outputs over its input tensors. (Abstract expressions are not enough: they
-    drop constants and signs, so equal ones may be different values.)"""
-    assert isinstance(k, GraphKernel)
-    b = k.block
-    parts = [f"i{i.tensor}" for i in b.inputs]
-    parts += [f"{o.op}{o.inputs}{sorted(o.attrs.items())}" for o in (*b.body, *b.post)]
-    parts += [f"a{a.source}{a.kind}{a.dim}" for a in b.accumulators]
-    parts += [f"o{o.source}" for o in b.outputs]
-    return "|".join(parts)
 
 
 def _beats(a: tuple[dict[int, float], str], b: tuple[dict[int, float], str]) -> bool:

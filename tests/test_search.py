@@ -4,16 +4,19 @@ from __future__ import annotations
 
 import itertools
 import json
+from dataclasses import replace
 
 import pytest
 from typer.testing import CliRunner
 
 from superopt import Program, workloads
 from superopt.api import optimize
+from superopt.build import SGraphBuilder
 from superopt.cli import app
 from superopt.config import SearchConfig
 from superopt.search.block import Generator, InputSpec
 from superopt.search.driver import run_search
+from superopt.search.fingerprint import fingerprint, random_inputs
 from superopt.search.instantiation import rank
 from superopt.search.kernel import KernelSearch
 from superopt.search.space import space_of
@@ -252,6 +255,59 @@ def test_generator_respects_op_budget():
         assert s.nops <= 3
 
 
+def _every_step(gen: Generator, s, phase: int):
+    """Every one-operand op on every tile and every binary op on every ordered pair of the
+    phase's tiles (add and mul with their older operand first), each with its place in the
+    generation order (by first operand; its one-operand ops, then its pairs by second operand
+    and op): what a walk that remembers nothing tries."""
+    op_of = {gen._rank[op]: op for op in gen.space.block_ops}
+    mine = [k for k, t in enumerate(s.tiles) if t.phase == phase]
+    for i in mine:
+        admitted, rejected = gen._single_ops(s.tiles[i])
+        for n, (op, _, attrs, consts) in enumerate(admitted):
+            yield (i, 0, n), (op, (i,), attrs, consts)
+        for r, attrs, consts in rejected:
+            yield (i, 0, len(admitted)), (op_of[r], (i,), attrs, consts)  # never a child
+        for j in mine:
+            for op in gen._binary_ops:
+                if not (j < i and op in ("add", "mul")):
+                    yield (i, 1, j, gen._rank[op]), (op, (i, j), (), ())
+
+
+def _naive_walk(gen: Generator, start, phase: int, budget: int) -> list:
+    walked, frontier = [], [((), start)]
+    while frontier:
+        level = []
+        for path, s in frontier:
+            walked.append((path, s.tiles))
+            steps = [step for _, step in sorted(_every_step(gen, s, phase), key=lambda e: e[0])]
+            children = [c for step in steps if (c := gen._try(s, *step)) is not None and c.nops <= budget]
+            level += [((*path, n), c) for n, c in enumerate(children)]
+        frontier = level
+    return walked
+
+
+@pytest.mark.parametrize(("spec", "budget"), [("rmsnorm_mlp:ci", 9), ("qknorm_gqa:ci", 8)])
+def test_block_walk_equals_trying_every_op_on_every_state(spec, budget):
+    """The walk keeps each tile's admitted ops and the ops refused for lasting reasons, and
+    extends a state by its parent's options plus its new tile's: in the loop body and after the
+    loop, it reaches exactly the states, in the same order, and counts exactly the pruned ops,
+    of trying every op on every state."""
+    program = workloads.resolve(spec)
+    oracle = Oracle(program)
+    ks = KernelSearch(program, space_of(program), oracle, SearchConfig())
+    specs = [ks._spec(t, i, False) for i, t in enumerate(ks.initial().tensors)]
+    walk, naive = Generator(space_of(program), oracle, budget), Generator(space_of(program), oracle, budget)
+    bodies = [(path, s) for path, s in walk._phase(walk.start(specs), 0, budget)]
+    assert [(path, s.tiles) for path, s in bodies] == _naive_walk(naive, naive.start(specs), 0, budget)
+    assert walk.pruned == naive.pruned and len(bodies) > 1000
+    accumulated = [a for _, body in bodies[::50] for a in walk._with_accumulators(body)]
+    for accs in accumulated[:20]:
+        start = replace(accs, nops=0)
+        assert [(path, s.tiles) for path, s in walk._phase(start, 1, 4)] == _naive_walk(naive, start, 1, 4)
+    assert walk.pruned == naive.pruned and len(accumulated) >= 20
+
+
 def test_a_block_graph_never_computes_one_value_twice():
     """(X·c)@W and X@(W·c) are one value under the target's axioms: each is generated, but no
     block graph computes both (same e-class, same dims, same phase)."""
@@ -439,6 +495,64 @@ def test_first_kernels_beaten_by_a_retiling_lead_to_no_better_graph(h100, choice
     everything, kept = ranked_candidates(10**6), ranked_candidates(1)
     assert min(kept) == min(everything)
     assert len(kept) < len(everything) and set(kept) <= set(everything)
+
+
+def _scaled_matmul() -> Program:
+    p = Program("scaled")
+    x, w = p.input("X", (4, 64), "f32"), p.input("W", (64, 48), "f32")
+    p.output(p.exp((x * 0.25) @ w))
+    return p
+
+
+def _block_ops(k: GraphKernel) -> tuple:
+    return tuple((o.op, o.inputs, tuple(sorted(o.attrs.items()))) for o in (*k.block.body, *k.block.post))
+
+
+def test_first_kernels_computing_one_value_by_other_ops_are_compared(h100):
+    """(X·c)@W, X@(W·c) and (X@W)·c are one value by different block ops: first kernels writing
+    it are compared like retilings of one computation, so fewer are grown, and the best graph
+    of the shard is the one found when every first kernel is grown."""
+    program = _scaled_matmul()
+
+    def search(keep: int) -> tuple[KernelSearch, list, list[tuple[float, str]]]:
+        ks = KernelSearch(program, space_of(program), Oracle(program), SearchConfig(), target=h100)
+        ks.keep = keep
+        firsts = list(ks._graph_moves(ks.initial(), False, only=(0, 1)))
+        ranked = [(r[0].estimate.time_s, sg.dumps()) for sg in ks.candidates_in(2, ("graph", (0, 1)))
+                  if (r := rank(sg, h100))]
+        return ks, firsts, ranked
+
+    ks, firsts, kept_ranked = search(1)
+    by_value: dict = {}
+    for st in firsts:
+        value = tuple((ks.oracle.class_of(t.ae), t.shape, t.chunk) for t in st.tensors[2:])
+        by_value.setdefault((value, ks._fingerprint(st.kernels[0])), set()).add(_block_ops(st.kernels[0]))
+    assert max(len(ops) for ops in by_value.values()) >= 2  # one value, several ways to compute it
+    kept = ks._undominated(firsts)
+    assert len(kept) <= len(by_value) < len(firsts)
+    _, _, every_ranked = search(10**6)
+    assert min(kept_ranked) == min(every_ranked) and len(kept_ranked) < len(every_ranked)
+
+
+def test_fingerprints_tell_apart_values_with_equal_abstract_expressions():
+    """Abstract expressions drop constants: X·0.5 and X/0.5 are one expression, not one value,
+    and get different fingerprints; one value by other ops ((X·c)@W, X@(W·c)) gets one."""
+    program = _scaled_matmul()
+    b = SGraphBuilder.for_program(program, "forms")
+
+    def kernel(scaled: str, op: str, value: float) -> GraphKernel:
+        k = b.graph(grid=[("x", "gx")], loop=("f", "F"))
+        x, w = k.input("X", [None], 1), k.input("W", [1], 0)
+        c = k.op("const", value=value)
+        out = k.op("matmul", k.op(op, x, c), w) if scaled == "X" else k.op("matmul", x, k.op(op, w, c))
+        k.output(k.acc(out), "O", [1])
+        return k.kernel()
+
+    inputs = random_inputs(program)
+    assert fingerprint(kernel("X", "mul", 0.25), inputs) == fingerprint(kernel("W", "mul", 0.25), inputs)
+    assert fingerprint(kernel("X", "mul", 0.5), inputs) != fingerprint(kernel("X", "div", 0.5), inputs)
+    alg, x = Oracle(program).alg, (("inp", "X"), (0, 1))
+    assert alg.mul(x, alg.const(0.5)) == alg.div(x, alg.const(0.5))
 
 
 def test_concrete_first_kernels_are_compared_at_their_fixed_chunk_counts(h100):

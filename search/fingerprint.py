@@ -1,0 +1,49 @@
+"""Numeric fingerprints of what a graph kernel computes, for telling equal values apart from
+equal abstract expressions.
+
+Abstract expressions drop constants and signs (x / 8 and x * 8 are one), so two first kernels
+with the same expressions need not compute the same tensors; and one value has many block
+graphs (a scale applied to Q, to K or to Q K). A kernel's fingerprint is its block graph run
+untiled (an accumulator is the identity, as in the abstract algebra) in float64 on fixed random
+inputs, every program dim class at a small size of its own, each output rounded to float32:
+kernels computing the same function agree; different functions collide only by accident.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+
+from superopt.dimclasses import NO_CLASS, input_classes
+from superopt.primitives import apply
+from superopt.program import Program
+from superopt.reference import FloatAlgebra
+from superopt.sgraph import GraphKernel
+
+SIZES = (3, 2, 5, 4, 7, 6)  # the size of program dim class c is SIZES[c % 6]: small, mostly distinct
+SEED = 20261130
+
+
+def random_inputs(program: Program) -> dict[str, np.ndarray]:
+    """Fixed random positive inputs (square roots and divisions stay defined) at small sizes."""
+    rng = np.random.default_rng(SEED)
+    return {
+        name: rng.uniform(0.5, 1.5, tuple(1 if c == NO_CLASS else SIZES[c % len(SIZES)] for c in classes))
+        for name, classes in input_classes(program).items()
+    }
+
+
+def fingerprint(kernel: GraphKernel, tensors: Mapping[str, np.ndarray]) -> tuple[bytes, ...]:
+    """The kernel's outputs, in order, evaluated untiled on `tensors` (its inputs by tensor id)."""
+    alg = FloatAlgebra(None)
+    b = kernel.block
+    vals: dict[str, np.ndarray] = {i.id: tensors[i.tensor] for i in b.inputs}
+    with np.errstate(all="ignore"):
+        for op in b.body:
+            vals[op.id] = apply(alg, op.op, [vals[i] for i in op.inputs], op.attrs, [vals[i].shape for i in op.inputs])
+        for acc in b.accumulators:
+            vals[acc.id] = vals[acc.source]
+        for op in b.post:
+            vals[op.id] = apply(alg, op.op, [vals[i] for i in op.inputs], op.attrs, [vals[i].shape for i in op.inputs])
+    return tuple(repr(vals[o.source].shape).encode() + vals[o.source].astype(np.float32).tobytes() for o in b.outputs)
