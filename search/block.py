@@ -111,7 +111,7 @@ class Tile:
     tensor: int = -1  # for inputs: the kernel tensor index
     aid: int = -1  # the expression's interned id (cheap to hash and compare)
     vid: int = -1  # the interned id of (expression, program dims): what the oracle's verdicts depend on
-    value: str | None = None  # the expression's e-class in the target's e-graph (see `_same_value`)
+    value: str | None = None  # the expression's e-class in the target's e-graph (duplicates: see `_attempt`)
     # An accumulator of a tile that nothing has reduced and that is not a block input: it only
     # gathers slices (a concatenation, or the same value every iteration).
     gathers: bool = False
