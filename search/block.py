@@ -25,7 +25,6 @@ values the loop does not change.
 from __future__ import annotations
 
 import hashlib
-from bisect import bisect_right
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from itertools import combinations
@@ -53,14 +52,6 @@ MAX_ACCUMULATORS = 3  # per block graph, as in Mirage's generator
 MAX_OUTPUTS = 2  # per block graph (flash decoding writes partial numerators and denominators)
 SPLIT_WIDTH = 4  # a loop-body walk in parts deals out the first level this many times wider than parts
 BODY_CACHE_ENTRIES = 4  # block spaces whose accumulated loop bodies are kept (least recently used go)
-
-# Why `Generator._attempt` refuses an op. Every refusal but ORDER holds in every state grown from
-# the one that refused it, so the op is not tried there again: classes only merge, tiles only
-# accumulate, and each further op lowers the number of unread tiles by at most one. COUNTED
-# refusals count as pruned.
-Refusal = int
-ORDER, ORACLE, GATHERED, SHAPES, DUPLICATE, RECOMPUTES, TOO_MANY_OPS = range(7)
-COUNTED = (ORACLE, DUPLICATE, RECOMPUTES, TOO_MANY_OPS)
 
 # Per-axis status of a tile: how it relates to the axis' split (see `_statuses`).
 NONE, SPLIT, SUM, MEAN, BAD = "none", "split", "sum", "mean", "bad"
@@ -110,11 +101,7 @@ class Tile:
     pdims: tuple[int, ...]  # program dim class of each dim (fixed: only equal classes unify)
     tensor: int = -1  # for inputs: the kernel tensor index
     aid: int = -1  # the expression's interned id (cheap to hash and compare)
-    vid: int = -1  # the interned id of (expression, program dims): what the oracle's verdicts depend on
-    value: str | None = None  # the expression's e-class in the target's e-graph (duplicates: see `_attempt`)
-    # An accumulator of a tile that nothing has reduced and that is not a block input: it only
-    # gathers slices (a concatenation, or the same value every iteration).
-    gathers: bool = False
+    gathers: bool = False  # an accumulator of an unreduced non-input tile (see _gathers)
     consts: tuple[tuple[int, float], ...] = ()  # constant operands: (position, value)
 
 
@@ -126,44 +113,6 @@ class BlockState:
     nops: int
     last_key: tuple[Any, ...]
     tied: tuple[tuple[int, int], ...] = ()  # (input tile, dim) walked by a loop tied to a chunk axis
-
-
-Key = tuple[Any, ...]  # an op's canonical key: (newest operand, operands, op rank, attributes, constants)
-
-
-@dataclass(eq=False)
-class Options:
-    """The ops that may extend a state, kept per tile: those whose newest operand is the state's
-    newest tile here, the older tiles' in `parent` (a phase's first state has all its tiles'
-    in one). Which ops the oracle admits on given operands does not depend on the state, and a
-    child may only add ops whose key follows its own op's: a child's options are its parent's,
-    cut at that key, plus its new tile's, so a state does not pair all its tiles again."""
-
-    tile: int  # the newest operand of the keys here (the largest, in a phase's first state)
-    keys: tuple[Key, ...]  # admitted ops' keys, sorted
-    admitted: tuple[tuple[tuple[int, ...], Step], ...]  # aligned with keys: (generation order, op)
-    parent: Options | None
-    # The ops the oracle rejects, only counted (as pruned), in groups: (newest operand, operands)
-    # and the (rank, attributes, constants) of the rejected ops on them.
-    rejected: list[tuple[tuple[int, tuple[int, ...]], Sequence[tuple[int, Any, Any]]]]
-    n_rejected: int
-    # Ops refused in the states this one grew from (a refusal lasts: see `Refusal`), with whether
-    # `_try` counted them as pruned: not tried again. `dead`: those refused in this one.
-    refused: dict[Step, bool] = field(default_factory=dict)
-    dead: dict[Step, bool] = field(default_factory=dict)
-
-    def rejected_after(self, last: Key) -> int:
-        """How many rejected ops have a key after `last`."""
-        if not last:
-            return self.n_rejected
-        head, rest = last[:2], last[2:]
-        count = 0
-        for operands, group in self.rejected:
-            if operands > head:
-                count += len(group)
-            elif operands == head:
-                count += sum(1 for r in group if r > rest)
-        return count
 
 
 @dataclass
@@ -219,11 +168,9 @@ class Generator:
         self._bodies: dict[BlockState, Lazy[tuple[int, BlockState]]] = {}
         # bodies handed over by `adopt_bodies`, by start state and part
         self._adopted: dict[tuple[BlockState, tuple[int, int]], Lazy[tuple[int, BlockState]]] = {}
-        self._pair_memo: dict[tuple[int, int, bool], tuple[OpRanks, tuple[tuple[int, Any, Any], ...]]] = {}
-        self._single_memo: dict[tuple[Any, ...], tuple[list[RankedStep], list[tuple[int, Any, Any]]]] = {}
+        self._pair_memo: dict[tuple[Any, ...], tuple[OpRanks, OpRanks, int]] = {}
+        self._single_memo: dict[tuple[Any, ...], tuple[list[RankedStep], list[RankedStep]]] = {}
         self._ids: dict[AE, int] = {}
-        self._vids: dict[tuple[int, tuple[int, ...]], int] = {}
-        self._reducing: dict[int, bool] = {}  # by interned id: does the expression reduce (`_reduces`)
         self._exprs: list[AE] = []
         self._eclasses: list[str | None] = []  # by interned id, filled on demand
         self._subterms: dict[tuple[int, int], bool] = {}
@@ -243,9 +190,7 @@ class Generator:
                     classes, c = classes.add(size, pc)
                     dims.append(c)
             pdims = tuple(UNIT if d == UNIT else pc for d, pc in zip(dims, spec.classes, strict=True))
-            aid = self._intern(spec.ae)
-            tiles.append(Tile("input", (), (), 0, tuple(dims), spec.ae, pdims, spec.tensor, aid,
-                              self._intern_value(aid, pdims), self._eclass(aid)))
+            tiles.append(Tile("input", (), (), 0, tuple(dims), spec.ae, pdims, spec.tensor, self._intern(spec.ae)))
             if spec.tied_dim is not None:
                 tied.append((n, spec.tied_dim))
         return BlockState(tuple(tiles), classes, frozenset(), 0, (), tuple(tied))
@@ -349,7 +294,7 @@ class Generator:
             return
         # Besides the sinks, a tile the body also reads may be accumulated when it holds a
         # reduction (gathering an unreduced one after the loop adds nothing).
-        read = [k for k in range(len(body.tiles)) if k in body.used and self._reduces(body.tiles[k].aid)]
+        read = [k for k in range(len(body.tiles)) if k in body.used and _reduces(body.tiles[k].ae)]
         for extra in range(MAX_ACCUMULATORS - len(sinks) + 1):
             for more in combinations(read, extra):
                 state: BlockState | None = replace(body, last_key=())
@@ -366,21 +311,20 @@ class Generator:
         by length, then path). `part` = (parts, index) walks one part's share: every part walks
         the levels narrower than `SPLIT_WIDTH` x parts states (their states belong to part 0),
         the first wider level is dealt round-robin, and each part walks below its own states."""
-        frontier: list[tuple[tuple[int, ...], BlockState, Options | None]] = [((), start, None)]
+        frontier: list[tuple[tuple[int, ...], BlockState]] = [((), start)]
         split = part[0] == 1
         while frontier:
             if not split and len(frontier) >= SPLIT_WIDTH * part[0]:
                 frontier, split = frontier[part[1]::part[0]], True
-            level: list[tuple[tuple[int, ...], BlockState, Options | None]] = []
-            for path, s, parent in frontier:
+            level: list[tuple[tuple[int, ...], BlockState]] = []
+            for path, s in frontier:
                 self.states += 1
                 if self.on_state is not None:
                     self.on_state()
                 if split or part[1] == 0:
                     yield path, s
-                options = self._options(s, phase, parent)
-                children = (m for m in self._children(s, options) if m.nops <= budget)
-                level.extend(((*path, n), c, options) for n, c in enumerate(children))
+                children = (m for m in self._moves(s, phase) if m.nops <= budget)
+                level.extend(((*path, n), c) for n, c in enumerate(children))
             frontier = level
 
     def _posts(self, accs: BlockState) -> Iterator[BlockState]:
@@ -407,72 +351,43 @@ class Generator:
             if state is not None:
                 yield state
 
-    def _children(self, s: BlockState, options: Options) -> Iterator[BlockState]:
-        for step in self._steps(s, options):
-            child = self._attempt(s, *step)
-            if isinstance(child, BlockState):
+    def _moves(self, s: BlockState, phase: int) -> Iterator[BlockState]:
+        for step in self._steps(s, phase):
+            child = self._try(s, *step)
+            if child is not None:
                 yield child
-            elif child != ORDER:
-                options.dead[step] = child in COUNTED
 
-    def _steps(self, s: BlockState, options: Options) -> list[Step]:
-        """The ops that may extend `s`: every admitted one whose key follows the last op's (an
-        op's key starts with its newest operand, so tiles older than the last op's newest operand
-        add none), in generation order: by first operand; its one-operand ops, then its pairs."""
-        last = s.last_key
-        chosen: list[tuple[tuple[int, ...], Step]] = []
-        node: Options | None = options
-        while node is not None and not (last and node.tile < last[0]):
-            chosen += node.admitted[bisect_right(node.keys, last) if last else 0:]
-            self.pruned += node.rejected_after(last)  # as `_try` would count them
-            node = node.parent
-        chosen.sort()
-        if not options.refused:
-            return [step for _, step in chosen]
-        steps = []
-        for _, step in chosen:
-            counted = options.refused.get(step)
-            if counted is None:
-                steps.append(step)
-            else:
-                self.pruned += counted  # as `_try` would count it
-        return steps
-
-    def _options(self, s: BlockState, phase: int, parent: Options | None) -> Options:
-        """The options a state's newest tile adds (with `parent`, its parent's), or, for a state
-        a phase starts from, those of all its tiles of that phase. A binary op belongs to its
-        newest operand's tile; add and mul commute, so only their older operand comes first."""
+    def _steps(self, s: BlockState, phase: int) -> Iterator[Step]:
+        """The ops that may extend `s` in this phase: (op, operands, attributes, constants)."""
+        # An op's key starts with its newest operand, and keys must increase: only ops reading a
+        # tile at least as new as the previous op's newest operand can follow it.
+        newest = s.last_key[0] if s.last_key else 0
         mine = [k for k, t in enumerate(s.tiles) if t.phase == phase]
-        admitted: list[tuple[Key, tuple[int, ...], Step]] = []
-        rejected: list[tuple[tuple[int, tuple[int, ...]], Sequence[tuple[int, Any, Any]]]] = []
-        n_rejected = 0
-        for n in mine if parent is None else mine[-1:]:
-            ok, no = self._single_ops(s.tiles[n])
-            admitted += [((n, (n,), rank, attrs, consts), (n, 0, k), (op, (n,), attrs, consts))
-                         for k, (op, rank, attrs, consts) in enumerate(ok)]
-            rejected.append(((n, (n,)), no))
-            n_rejected += len(no)
-            for i in mine:
-                if i > n:
-                    break
-                for args in ((i, n), (n, i)) if i < n else ((n, n),):
-                    pair = self._pair_ops(s.tiles[args[0]], s.tiles[args[1]], swapped=args[1] < args[0])
-                    admitted += [((n, args, rank, (), ()), (args[0], 1, args[1], rank), (op, args, (), ()))
-                                 for op, rank in pair[0]]
-                    if pair[1]:
-                        rejected.append(((n, args), pair[1]))
-                        n_rejected += len(pair[1])
-        admitted.sort()
-        refused = {} if parent is None else {**parent.refused, **parent.dead} if parent.dead else parent.refused
-        return Options(mine[-1] if mine else -1, tuple(a[0] for a in admitted),
-                       tuple((order, step) for _, order, step in admitted), parent, rejected, n_rejected, refused)
+        for i in mine:
+            if i < newest:
+                for j in mine:
+                    if j >= newest:
+                        yield from self._pairs(s, i, j)
+                continue
+            admitted, rejected = self._single_ops(s.tiles[i])
+            if not s.last_key or i > newest:  # every op's key follows the last op's
+                self.pruned += len(rejected)  # as `_try` would count
+                for op, _, attrs, consts in admitted:
+                    yield op, (i,), attrs, consts
+            else:
+                self.pruned += sum(1 for _, rank, attrs, consts in rejected
+                                   if (i, (i,), rank, attrs, consts) > s.last_key)
+                for op, rank, attrs, consts in admitted:
+                    if (i, (i,), rank, attrs, consts) > s.last_key:
+                        yield op, (i,), attrs, consts
+            for j in mine:
+                yield from self._pairs(s, i, j)
 
-    def _single_ops(self, t: Tile) -> tuple[list[RankedStep], list[tuple[int, Any, Any]]]:
+    def _single_ops(self, t: Tile) -> tuple[list[RankedStep], list[RankedStep]]:
         """The one-operand ops on a tile (unary, reductions and norms over each non-unit dim, ops
-        with a constant) with their ranks, in generation order: those the oracle admits, and the
-        (rank, attributes, constants) of those it rejects. Memoized like `_pair_ops`: most are
-        rejected, for the same values again."""
-        key = (t.vid, tuple(c == UNIT for c in t.dims))
+        with a constant) with their ranks, in generation order: those the oracle admits and those
+        it rejects. Memoized like `_pair_ops`: most are rejected, for the same values again."""
+        key = (t.aid, t.pdims, tuple(c == UNIT for c in t.dims))
         hit = self._single_memo.get(key)
         if hit is None:
             steps: list[RankedStep] = []
@@ -498,23 +413,37 @@ class Generator:
                             steps.append((op, rank, (), ((0, value),)))
             ok = [self._ae(op, [t], attrs, consts) is not None for op, _, attrs, consts in steps]
             hit = ([st for st, y in zip(steps, ok, strict=True) if y],
-                   [st[1:] for st, y in zip(steps, ok, strict=True) if not y])
+                   [st for st, y in zip(steps, ok, strict=True) if not y])
             self._single_memo[key] = hit
         return hit
 
-    def _pair_ops(self, a: Tile, b: Tile, swapped: bool) -> tuple[OpRanks, tuple[tuple[int, Any, Any], ...]]:
+    def _pairs(self, s: BlockState, i: int, j: int) -> list[Step]:
+        """Binary ops on tiles i and j (of one phase). add and mul commute: only i <= j. A list,
+        usually empty: the oracle rejects most pairs, and this runs for every pair of every state."""
+        admitted, rejected, rejected_ordered = self._pair_ops(s.tiles[i], s.tiles[j])
+        args, swapped = (i, j), j < i
+        if not s.last_key or max(args) > s.last_key[0]:  # every op's key follows the last op's
+            self.pruned += rejected_ordered if swapped else len(rejected)  # as `_try` would count
+            return [(op, args, (), ()) for op, _ in admitted if not (swapped and op in COMMUTATIVE)]
+        for op, rank in rejected:
+            if not (swapped and op in COMMUTATIVE) and (max(args), args, rank, (), ()) > s.last_key:
+                self.pruned += 1
+        return [(op, args, (), ()) for op, rank in admitted
+                if not (swapped and op in COMMUTATIVE) and (max(args), args, rank, (), ()) > s.last_key]
+
+    def _pair_ops(self, a: Tile, b: Tile) -> tuple[OpRanks, OpRanks, int]:
         """The binary ops (with their ranks) whose result on these operands the oracle admits,
-        and the ranks (with empty attributes and constants) of those it rejects; `swapped`
-        (operands out of age order) leaves out add and mul (they commute: the other order has
-        them). Memoized: most pairs are rejected, and the same operand values recur in thousands
-        of states."""
-        key = (a.vid, b.vid, swapped)
+        those it rejects, and how many of those are not commutative. The hot path of the whole
+        search: a state has a few dozen operand pairs, mostly rejected, and the same operand
+        values recur in thousands of states."""
+        key = (a.aid, a.pdims, b.aid, b.pdims)
         hit = self._pair_memo.get(key)
         if hit is None:
-            ranked = [(op, self._rank[op]) for op in self._binary_ops if not (swapped and op in COMMUTATIVE)]
-            ok = [self._ae(op, [a, b], (), ()) is not None for op, _ in ranked]
-            hit = (tuple(r for r, y in zip(ranked, ok, strict=True) if y),
-                   tuple((rank, (), ()) for (_, rank), y in zip(ranked, ok, strict=True) if not y))
+            ranked = [(op, self._rank[op]) for op in self._binary_ops]
+            ok = [self._ae(op, [a, b], (), ()) is not None for op in self._binary_ops]
+            rejected = tuple(r for r, y in zip(ranked, ok, strict=True) if not y)
+            hit = (tuple(r for r, y in zip(ranked, ok, strict=True) if y), rejected,
+                   sum(1 for op, _ in rejected if op not in COMMUTATIVE))
             self._pair_memo[key] = hit
         return hit
 
@@ -524,58 +453,45 @@ class Generator:
         consts: tuple[tuple[int, float], ...] = (),
     ) -> BlockState | None:
         """`s` with one more op, or None when the canonical order, the oracle, shapes or the
-        duplicate checks refuse it."""
-        child = self._attempt(s, op, args, attrs, consts)
-        return child if isinstance(child, BlockState) else None
-
-    def _attempt(
-        self, s: BlockState, op: str, args: tuple[int, ...], attrs: tuple[tuple[str, Any], ...],
-        consts: tuple[tuple[int, float], ...] = (),
-    ) -> BlockState | Refusal:
-        """`s` with one more op, or why not (a `Refusal`; a plain call: it runs for every op on
-        every state)."""
+        duplicate checks refuse it (a plain call: it runs for every op on every state)."""
         key = (max(args), args, self._rank[op], attrs, consts)
         if key <= s.last_key:
-            return ORDER
+            return None
         tiles = [s.tiles[a] for a in args]
         abstract = self._ae(op, tiles, attrs, consts)
         if abstract is None:
             self.pruned += 1
-            return ORACLE
+            return None
         phase = 1 if op == "acc" else tiles[0].phase
         if phase == 1 and op != "acc" and any(t.gathers for t in tiles):
-            return GATHERED  # computing on a gathered (unreduced) tile after the loop repeats the in-loop variant
+            return None  # computing on a gathered (unreduced) tile after the loop repeats the in-loop variant
         ae, pdims = abstract
         aid = self._intern(ae)
         shaped = self._dims(s.classes, op, tiles, dict(attrs), bool(consts))
         if shaped is None:
-            return SHAPES
+            return None
         classes, dims = shaped
         roots = tuple(classes.find(d) for d in dims)
         value = self._eclass(aid)
         for other in s.tiles:
-            # the same value (one e-class under the target's axioms: `(q·c)·k` and `q·(k·c)` are
-            # one value, and a block computing both does the work twice) with the same dims
-            if other.phase == phase and (other.aid == aid or (value is not None and other.value == value)) and \
+            if other.phase == phase and self._same_value(other.aid, aid, value) and \
                     tuple(classes.find(d) for d in other.dims) == roots:
                 self.pruned += 1
-                return DUPLICATE
+                return None  # recomputes an existing tile
         if op != "acc" and self._recomputes(s, args, aid, phase):
             self.pruned += 1
-            return RECOMPUTES
-        gathers = op == "acc" and tiles[0].op != "input" and not self._reduces(tiles[0].aid)
-        tile = Tile(op, args, attrs, phase, dims, ae, pdims, aid=aid, vid=self._intern_value(aid, pdims), value=value,
-                    gathers=gathers, consts=consts)
+            return None
+        gathers = op == "acc" and _gathers(tiles[0])
+        tile = Tile(op, args, attrs, phase, dims, ae, pdims, consts=consts, aid=aid, gathers=gathers)
         left = s.nops + (op != "acc")
         # Tiles nothing reads must be accumulated (body, at most MAX_ACCUMULATORS) or written
         # (post-loop, at most MAX_OUTPUTS); each further op lowers their number by at most one.
-        used = s.used.union(args)
-        if op != "acc":
-            sinks = 1 + sum(1 for k, t in enumerate(s.tiles) if t.phase == phase and k not in used)
-            if left + max(0, sinks - (MAX_ACCUMULATORS if phase == 0 else MAX_OUTPUTS)) > self.max_ops:
-                self.pruned += 1
-                return TOO_MANY_OPS
-        return BlockState((*s.tiles, tile), classes, used, left, key, s.tied)
+        used = s.used | set(args)
+        sinks = sum(1 for k, t in enumerate((*s.tiles, tile)) if t.phase == phase and k not in used)
+        if op != "acc" and left + max(0, sinks - (MAX_ACCUMULATORS if phase == 0 else MAX_OUTPUTS)) > self.max_ops:
+            self.pruned += 1
+            return None
+        return BlockState((*s.tiles, tile), classes, s.used | set(args), left, key, s.tied)
 
     def _dims(
         self, classes: Classes, op: str, tiles: list[Tile], attrs: dict[str, Any], has_const: bool,
@@ -624,18 +540,10 @@ class Generator:
             self._exprs.append(e)
         return aid
 
-    def _intern_value(self, aid: int, pdims: tuple[int, ...]) -> int:
-        key = (aid, pdims)
-        vid = self._vids.get(key)
-        if vid is None:
-            vid = self._vids[key] = len(self._vids)
-        return vid
-
-    def _reduces(self, aid: int) -> bool:
-        hit = self._reducing.get(aid)
-        if hit is None:
-            hit = self._reducing[aid] = _reduces(self._exprs[aid])
-        return hit
+    def _same_value(self, a: int, b: int, b_class: str | None) -> bool:
+        """Equal expressions, or equal under the target's axioms (one e-class; `b_class` is b's):
+        `(q·c)·k` and `q·(k·c)` are one value, and a block computing both does the work twice."""
+        return a == b or (b_class is not None and self._eclass(a) == b_class)
 
     def _eclass(self, aid: int) -> str | None:
         while len(self._eclasses) <= aid:
@@ -676,7 +584,7 @@ class Generator:
         sums over the dim its loop walks is that same sum."""
         if op == "acc":
             return tiles[0].ae, tiles[0].pdims
-        key = (op, attrs, consts, *[t.vid for t in tiles])
+        key = (op, attrs, consts, *[(t.aid, t.pdims) for t in tiles])
         hit = self._memo.get(key, _MISSING)
         if hit is not _MISSING:
             return hit  # type: ignore[return-value]
@@ -729,6 +637,12 @@ def _subterm(small: AE, big: AE) -> bool:
 
 
 _MISSING = object()
+
+
+def _gathers(t: Tile) -> bool:
+    """A tile that nothing has reduced and that is not a block input: accumulating it only gathers
+    slices (a concatenation, or the same value every iteration)."""
+    return t.op != "input" and not _reduces(t.ae)
 
 
 def _reduces(e: AE) -> bool:

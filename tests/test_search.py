@@ -260,14 +260,13 @@ def _every_step(gen: Generator, s, phase: int):
     phase's tiles (add and mul with their older operand first), each with its place in the
     generation order (by first operand; its one-operand ops, then its pairs by second operand
     and op): what a walk that remembers nothing tries."""
-    op_of = {gen._rank[op]: op for op in gen.space.block_ops}
     mine = [k for k, t in enumerate(s.tiles) if t.phase == phase]
     for i in mine:
         admitted, rejected = gen._single_ops(s.tiles[i])
         for n, (op, _, attrs, consts) in enumerate(admitted):
             yield (i, 0, n), (op, (i,), attrs, consts)
-        for r, attrs, consts in rejected:
-            yield (i, 0, len(admitted)), (op_of[r], (i,), attrs, consts)  # never a child
+        for op, _, attrs, consts in rejected:
+            yield (i, 0, len(admitted)), (op, (i,), attrs, consts)  # never a child
         for j in mine:
             for op in gen._binary_ops:
                 if not (j < i and op in ("add", "mul")):
@@ -289,10 +288,10 @@ def _naive_walk(gen: Generator, start, phase: int, budget: int) -> list:
 
 @pytest.mark.parametrize(("spec", "budget"), [("rmsnorm_mlp:ci", 9), ("qknorm_gqa:ci", 8)])
 def test_block_walk_equals_trying_every_op_on_every_state(spec, budget):
-    """The walk keeps each tile's admitted ops and the ops refused for lasting reasons, and
-    extends a state by its parent's options plus its new tile's: in the loop body and after the
-    loop, it reaches exactly the states, in the same order, and counts exactly the pruned ops,
-    of trying every op on every state."""
+    """The walk skips the operand pairs whose ops the oracle rejects (memoized per operand
+    values) and the ops the canonical order forbids, and counts what it skips as `_try` would:
+    in the loop body and after the loop, it reaches exactly the states, in the same order, and
+    counts exactly the pruned ops, of trying every op on every state with `_try`."""
     program = workloads.resolve(spec)
     oracle = Oracle(program)
     ks = KernelSearch(program, space_of(program), oracle, SearchConfig())
