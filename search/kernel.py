@@ -431,6 +431,11 @@ class KernelSearch:
     def _inputs_of(self, outputs: list[int]) -> set[str]:
         return set().union(*(_leaves(self._targets[i]) for i in outputs)) if outputs else set()
 
+    def _completes_exactly(self, missing: list[int], outputs: Sequence[tuple[AE, tuple[Size, ...]]]) -> bool:
+        """Does a last kernel with these outputs write every missing program output, and nothing
+        else? (Any other output would be a tensor nothing reads.)"""
+        return len(outputs) <= len(missing) and self._completes(missing, outputs)
+
     def _completes(self, missing: list[int], new: Sequence[tuple[AE, tuple[Size, ...]]]) -> bool:
         return all(
             any(shape == self._outputs[i].size_shape and self.oracle.equivalent(ae, i) for ae, shape in new)
@@ -501,7 +506,7 @@ class KernelSearch:
                     yield from self._concrete_moves(s, subset, specs, final, missing)
                     continue
                 for block in self._blocks(specs, part):
-                    if final and not self._completes(missing, _sinks(block)):
+                    if final and not self._completes_exactly(missing, _sinks(block)):
                         self.pruned += 1
                         continue
                     kid = f"k{len(s.kernels)}"
