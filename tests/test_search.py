@@ -114,6 +114,19 @@ def test_deeper_graphs_are_not_grown_from_kernels_that_finish_or_go_unused(h100)
     assert lasts and all(set(k.tensor_inputs) & new for k in lasts)
 
 
+def test_a_last_kernel_writes_the_missing_outputs_and_nothing_else():
+    """A last kernel's block graph with an output besides the missing program outputs would
+    leave a tensor nothing reads: such kernels are not built, though the same block space (as a
+    first kernel of a deeper graph) has them."""
+    program = workloads.resolve("gqa:ci")
+    ks = KernelSearch(program, space_of(program), Oracle(program), SearchConfig())
+    root = ks.initial()
+    lasts = [st.kernels[-1] for st in ks._graph_moves(root, True, only=(0, 1, 2))]
+    firsts = [st.kernels[-1] for st in ks._graph_moves(root, False, only=(0, 1, 2))]
+    assert lasts and all(len(k.outputs) == 1 for k in lasts)
+    assert any(len(k.outputs) == 2 for k in firsts)
+
+
 def test_attention_finds_a_fused_schedule_better_than_unfused(searched):
     _, outcome = searched("gqa:ci")
     best = outcome.best
