@@ -1,0 +1,91 @@
+"""In-process search of the working tree against an older commit, alternated in one run.
+
+These machines are shared and noisy, so a speedup is only believable when old and new run in the
+same minutes: each round runs every workload once with the commit's code and once with the working
+tree's, each in a fresh subprocess, and the table reports medians, the ratio, and whether states
+and winners agree. The old code runs from a temporary `git worktree`; it must be loaded by path
+(`superopt.__path__`), because the editable install maps `superopt.search` to this checkout's
+`search/` whatever `sys.path` says. Measure without a profiler: cProfile charges many small calls
+far more than they cost.
+
+    .venv/bin/python scripts/ab_search.py --against HEAD~1 [--workloads gqa,rmsnorm_mlp] [--rounds 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+RUN_ONE = """
+import hashlib, json, sys, time
+root = sys.argv[1]
+sys.path.insert(0, root)
+import superopt
+superopt.__path__.insert(0, root)
+import superopt.search.driver as driver
+assert driver.__file__.startswith(root), driver.__file__
+from superopt import workloads
+from superopt.config import SearchConfig
+from superopt.targets import TARGETS
+program = workloads.resolve(sys.argv[2])
+t0 = time.perf_counter()
+out = driver.run_search(program, TARGETS["h100"], SearchConfig(), budget_s=float(sys.argv[3]))
+print(json.dumps({"seconds": time.perf_counter() - t0, "states": out.stats.states,
+                  "exhausted": out.stats.budget_exhausted, "best_us": out.best.best.estimate.time_us,
+                  "winner": hashlib.sha256(out.best.sgraph.dumps().encode()).hexdigest()[:12]}))
+"""
+
+
+def run_one(tree: Path, spec: str, budget_s: float) -> dict[str, object]:
+    done = subprocess.run([sys.executable, "-c", RUN_ONE, str(tree), spec, str(budget_s)],
+                          capture_output=True, text=True, check=True, cwd=tempfile.gettempdir())
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--against", required=True, help="the commit to compare with (any git revision)")
+    ap.add_argument("--workloads", default="gqa,rmsnorm_mlp")
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--budget-s", type=float, default=300.0)
+    ap.add_argument("--json", default="out/ab_search.json")
+    args = ap.parse_args()
+    specs = args.workloads.split(",")
+    with tempfile.TemporaryDirectory() as tmp:
+        old = Path(tmp) / "old"
+        subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(old), args.against],
+                       check=True, capture_output=True)
+        try:
+            runs: dict[str, dict[str, list[dict[str, object]]]] = {s: {"old": [], "new": []} for s in specs}
+            for _ in range(args.rounds):
+                for spec in specs:
+                    runs[spec]["old"].append(run_one(old, spec, args.budget_s))
+                    runs[spec]["new"].append(run_one(ROOT, spec, args.budget_s))
+        finally:
+            subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(old)], check=True)
+    rows = []
+    print("| workload | old s (median) | new s (median) | new/old | old states | new states | same winner |")
+    print("|---|---|---|---|---|---|---|")
+    for spec in specs:
+        old_s = statistics.median(float(r["seconds"]) for r in runs[spec]["old"])
+        new_s = statistics.median(float(r["seconds"]) for r in runs[spec]["new"])
+        o, n = runs[spec]["old"][0], runs[spec]["new"][0]
+        same = o["winner"] == n["winner"]
+        rows.append({"workload": spec, "old_s": round(old_s, 2), "new_s": round(new_s, 2),
+                     "ratio": round(new_s / old_s, 3), "old_states": o["states"], "new_states": n["states"],
+                     "same_winner": same, "runs": runs[spec]})
+        print(f"| {spec} | {old_s:.2f} | {new_s:.2f} | {new_s / old_s:.2f} | {o['states']} | {n['states']} | {same} |")
+    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.json).write_text(json.dumps({"against": args.against, "rows": rows}, indent=1))
+    print(f"wrote {args.json}")
+
+
+if __name__ == "__main__":
+    main()
