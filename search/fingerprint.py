@@ -19,7 +19,7 @@ from superopt.dimclasses import NO_CLASS, input_classes
 from superopt.primitives import apply
 from superopt.program import Program
 from superopt.reference import FloatAlgebra
-from superopt.sgraph import GraphKernel
+from superopt.sgraph import BlockOp, GraphKernel
 
 SIZES = (3, 2, 5, 4, 7, 6)  # the size of program dim class c is SIZES[c % 6]: small, mostly distinct
 SEED = 20261130
@@ -39,11 +39,14 @@ def fingerprint(kernel: GraphKernel, tensors: Mapping[str, np.ndarray]) -> tuple
     alg = FloatAlgebra(None)
     b = kernel.block
     vals: dict[str, np.ndarray] = {i.id: tensors[i.tensor] for i in b.inputs}
+
+    def run(ops: tuple[BlockOp, ...]) -> None:
+        for op in ops:
+            args = [vals[i] for i in op.inputs]
+            vals[op.id] = apply(alg, op.op, args, op.attrs, [a.shape for a in args])
+
     with np.errstate(all="ignore"):
-        for op in b.body:
-            vals[op.id] = apply(alg, op.op, [vals[i] for i in op.inputs], op.attrs, [vals[i].shape for i in op.inputs])
-        for acc in b.accumulators:
-            vals[acc.id] = vals[acc.source]
-        for op in b.post:
-            vals[op.id] = apply(alg, op.op, [vals[i] for i in op.inputs], op.attrs, [vals[i].shape for i in op.inputs])
+        run(b.body)
+        vals.update((acc.id, vals[acc.source]) for acc in b.accumulators)
+        run(b.post)
     return tuple(repr(vals[o.source].shape).encode() + vals[o.source].astype(np.float32).tobytes() for o in b.outputs)

@@ -26,8 +26,6 @@ from dataclasses import dataclass, field
 from itertools import combinations
 from typing import Any
 
-import numpy as np
-
 from superopt import costmodel, ops
 from superopt.assignments import bounded_candidates
 from superopt.config import SearchConfig
@@ -113,7 +111,7 @@ class KernelSearch:
         self._kernel_floors: dict[str, dict[int, float]] = {}  # kernel and input shapes (text) -> `_floors`
         self._estimates: dict[tuple[str, ...], float] = {}  # kernels (text) -> the sum of their floors
         self._texts: ObjectCache[Kernel, str] = ObjectCache(65536)  # kernel -> its repr: see `_text`
-        self._inputs: dict[str, np.ndarray] | None = None  # random program inputs for `_fingerprint`
+        self._inputs = random_inputs(self.program)  # small random program inputs for `_fingerprint`
         self._gen = Generator(self.space, self.oracle, self.config.max_block_ops, on_state=self._tick,
                               no_loop_tilings=not self.config.concrete)
         self._alg = self.oracle.alg
@@ -377,8 +375,6 @@ class KernelSearch:
 
     def _fingerprint(self, k: Kernel) -> tuple[bytes, ...]:
         assert isinstance(k, GraphKernel)
-        if self._inputs is None:
-            self._inputs = random_inputs(self.program)
         return fingerprint(k, self._inputs)
 
     def _unwritten(self, s: KState) -> float:
