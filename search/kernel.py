@@ -29,7 +29,7 @@ from typing import Any
 from superopt import costmodel, ops
 from superopt.assignments import bounded_candidates
 from superopt.config import SearchConfig
-from superopt.dimclasses import input_classes
+from superopt.dimclasses import NO_CLASS, dim_classes, input_classes
 from superopt.dtypes import dtype as get_dtype
 from superopt.object_cache import ObjectCache
 from superopt.primitives import apply
@@ -69,6 +69,7 @@ class KState:
     graph_kernels: int = 0
 
 
+Sink = tuple[AE, tuple[Size, ...], tuple[int, ...]]  # a block output: expression, full shape, program dim classes
 FirstChoice = tuple[str, Any]  # ("library", move key) | ("graph", input tensor indices)
 TIE = 1e-9  # relative difference of estimates below which two are the same (float sums differ in order)
 DEAL_FIRSTS_FROM = 3  # kernel count from which parts split the first kernel's states, not its block graphs
@@ -116,6 +117,10 @@ class KernelSearch:
                               no_loop_tilings=not self.config.concrete)
         self._alg = self.oracle.alg
         self._outputs = [self.program.nodes[o] for o in self.program.outputs]
+        classes = dim_classes(self.program)
+        self._output_classes = [tuple(classes[(o, d)] for d in range(len(self.program.nodes[o].shape)))
+                                for o in self.program.outputs]
+        self._whole_floors: dict[tuple[Any, ...], float] = {}  # last kernel's inputs -> `_whole_floor`
         values = abstract_program(self.program)
         self._nbytes = min(get_dtype(n.dtype or "f32").nbytes for n in self.program.inputs)
         self._output_bytes = [self._bytes(KTensor(n.id, n.size_shape, ("c",), ())) for n in self._outputs]
@@ -388,10 +393,32 @@ class KernelSearch:
         return self._spent(s) + self.launch_s + self._unwritten(s) / self.bandwidth
 
     def _too_slow(self, s: KState, floor_s: float, inputs: Sequence[int]) -> bool:
-        """Would any last kernel reading these tensors exceed the bound?"""
+        """Would any last library kernel reading these tensors exceed the bound?"""
         too_slow = floor_s + sum(self._bytes(s.tensors[i]) for i in set(inputs)) / self.bandwidth > self.bound_s
         self.bounded += too_slow
         return too_slow
+
+    def _whole_floor(self, s: KState, inputs: tuple[int, ...], missing: list[int]) -> float:
+        """The least time of a last graph kernel reading these tensors (`costmodel.whole_reduction_floor`:
+        a last kernel writes no partial results, so its grid splits only classes of the outputs
+        it writes, the missing ones, whose dims carry the program outputs' classes by
+        `_completes_exactly`), known before its block graphs are generated; 0 without a bound
+        (or with no output missing, which no last kernel completes exactly)."""
+        if self.bound_s == float("inf") or self.target is None or not missing:
+            return 0.0
+        read = tuple(sorted((self._bytes(s.tensors[i]), frozenset(s.tensors[i].classes) - {NO_CLASS})
+                            for i in inputs))
+        key = (read, tuple(missing))
+        hit = self._whole_floors.get(key)
+        if hit is None:
+            shared = set.intersection(*(set(self._output_classes[i]) for i in missing)) - {NO_CLASS}
+            read_classes = set().union(*(c for _, c in read))
+            sizes = {c: d.int_value() for i in missing for c, d in zip(self._output_classes[i],
+                                                                      self._outputs[i].size_shape, strict=True)
+                     if c in shared & read_classes}
+            hit = self._whole_floors[key] = costmodel.whole_reduction_floor(
+                self.target, read, sum(self._output_bytes[i] for i in missing), sizes, self.config.max_grid_axes)
+        return hit
 
     def _reads_inputs(self, tensors: tuple[int, ...], rereads: bool | None) -> bool:
         """Does this choice of kernel inputs pass the `rereads` filter of `moves`?"""
@@ -427,10 +454,15 @@ class KernelSearch:
     def _inputs_of(self, outputs: list[int]) -> set[str]:
         return set().union(*(_leaves(self._targets[i]) for i in outputs)) if outputs else set()
 
-    def _completes_exactly(self, missing: list[int], outputs: Sequence[tuple[AE, tuple[Size, ...]]]) -> bool:
-        """Does a last kernel with these outputs write every missing program output, and nothing
-        else? (Any other output would be a tensor nothing reads.)"""
-        return len(outputs) <= len(missing) and self._completes(missing, outputs)
+    def _completes_exactly(self, missing: list[int], outputs: Sequence[Sink]) -> bool:
+        """Does a last kernel with these outputs (expression, shape, program dim classes) write
+        every missing program output, and nothing else? (Any other output would be a tensor
+        nothing reads.) Its dims must carry the output's classes, as `_whole_floor` assumes."""
+        return len(outputs) <= len(missing) and all(
+            any(shape == self._outputs[i].size_shape and _same_classes(pdims, self._output_classes[i])
+                and self.oracle.equivalent(ae, i) for ae, shape, pdims in outputs)
+            for i in missing
+        )
 
     def _completes(self, missing: list[int], new: Sequence[tuple[AE, tuple[Size, ...]]]) -> bool:
         return all(
@@ -481,7 +513,7 @@ class KernelSearch:
         missing = self._missing(s) if final else []
         needed = self._inputs_of(missing) if final else set()
         unused = self._unused(s) if final else []
-        floor_s = self._last_kernel_floor(s) if final else 0.0
+        spent = self._spent(s) if final else 0.0
         for size in range(1, self.config.max_block_inputs + 1):
             for subset in combinations(indices, size):
                 if (only is not None and subset != only) or not self._reads_inputs(subset, rereads):
@@ -490,8 +522,9 @@ class KernelSearch:
                     continue
                 if final and not needed <= set().union(*(_leaves(s.tensors[i].ae) for i in subset)):
                     continue  # the last kernel must see every program input its outputs read
-                if final and self._too_slow(s, floor_s, subset):
+                if final and spent + self._whole_floor(s, subset, missing) > self.bound_s:
                     self.pruned += 1
+                    self.bounded += 1
                     continue
                 chunks = {c.axis for i in subset if (c := s.tensors[i].chunk) is not None}
                 if len(chunks) > 1:
@@ -703,11 +736,17 @@ def _kernel_shapes(program: Program, s: KState, kernel: GraphKernel) -> dict[str
     return {t: info.shapes[t] for t in kernel.outputs}
 
 
-def _sinks(block: BlockState) -> list[tuple[AE, tuple[Size, ...]]]:
-    """The abstract expression and full shape of each block output (its unconsumed post tiles)."""
+def _sinks(block: BlockState) -> list[Sink]:
+    """The abstract expression, full shape and program dim classes of each block output (its
+    unconsumed post tiles)."""
     used = {a for t in block.tiles for a in t.args}
-    return [(t.ae, _output_shape(block, k, None)) for k, t in enumerate(block.tiles)
+    return [(t.ae, _output_shape(block, k, None), t.pdims) for k, t in enumerate(block.tiles)
             if t.phase == 1 and k not in used]
+
+
+def _same_classes(pdims: tuple[int, ...], classes: tuple[int, ...]) -> bool:
+    """Do a tile's dims carry these program dim classes (size-1 dims have none to compare)?"""
+    return all(c == NO_CLASS or p == c for p, c in zip(pdims, classes, strict=True))
 
 
 def _output_shape(block: BlockState, tile: int, chunk: Chunk | None) -> tuple[Size, ...]:

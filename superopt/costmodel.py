@@ -28,13 +28,14 @@ from __future__ import annotations
 import heapq
 import math
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from itertools import combinations
 from typing import Any
 
 import numpy as np
 
-from superopt.assignments import Table, assignment_table, enumerate_assignments
+from superopt.assignments import Table, assignment_table, divisors, enumerate_assignments
 from superopt.assignments import candidates as divisor_candidates
 from superopt.dtypes import dtype as get_dtype
 from superopt.instantiate import Instance
@@ -364,6 +365,38 @@ def kernel_floors(
         return {0: float(times.min())}
     at = table.columns[by]
     return {int(v): float(times[at == v].min()) for v in np.unique(at)}
+
+
+def whole_reduction_floor(
+    target: Target, inputs: Sequence[tuple[float, frozenset[int]]], output_bytes: float,
+    grid_classes: Mapping[int, int], max_grid: int,
+) -> float:
+    """The least time `_graph` gives any graph kernel that reads `inputs` (bytes, program dim
+    classes of its dims) and writes `output_bytes`, when each of its at most `max_grid` grid axes
+    splits one of `grid_classes` (class -> size, which the axis size divides): a kernel with no
+    per-chunk partial results, whose grid splits only classes of its outputs. Known before its
+    block graph is: every block reads its tile of each input over its loop, split only by the
+    axes over that input's classes, so an input lacking an output class is read again by every
+    block along it. Compute, sector waste, waves and shared memory only add to `_graph`'s time;
+    the loop runs at least once; a block keeps at most `IN_FLIGHT_PER_BLOCK` bytes in flight and
+    an SM holds at most its thread limit's blocks."""
+    order = sorted(grid_classes)
+    per_sm = max(1, MAX_THREADS_PER_SM // target.threads_per_block)
+    best = math.inf
+    for axes in combinations(order, min(max_grid, len(order))):
+        values = np.meshgrid(*(np.array(divisors(grid_classes[c]), dtype=np.float64) for c in axes), indexing="ij")
+        split = {c: v.ravel() for c, v in zip(axes, values, strict=True)}
+        blocks = math.prod(split.values(), start=np.ones(1))
+        dram = output_bytes + sum(
+            nbytes * blocks / math.prod((g for c, g in split.items() if c in classes), start=np.ones(1))
+            for nbytes, classes in inputs)
+        in_flight = np.minimum(blocks, target.sms * per_sm) * IN_FLIGHT_PER_BLOCK
+        bw_fraction = np.minimum(1.0, in_flight / (target.dram_bytes_per_s * DRAM_LATENCY_S))
+        t_dram = dram / (target.dram_bytes_per_s * bw_fraction)
+        resident = np.minimum(per_sm, np.ceil(blocks / target.sms))
+        t_lat = blocks / (np.minimum(blocks, target.sms) * resident) * ITERATION_LATENCY_S
+        best = min(best, float(np.min(np.maximum(t_dram, t_lat))))
+    return target.launch_overhead_s + best
 
 
 def _own_symbols(sg: SGraph, k: Kernel, relevant: list[str]) -> frozenset[str]:

@@ -404,6 +404,36 @@ def test_time_bound_never_exceeds_the_cost_models_estimate(h100, spec):
     assert checked > 10 and (spec == "gqa" or infinite)
 
 
+@pytest.mark.parametrize("spec", ["gqa:ci", "lora:ci", "rmsnorm_mlp:ci", "gqa"])
+def test_last_kernel_floor_is_below_every_last_kernel_over_its_inputs(h100, spec):
+    """The floor of a last graph kernel, known from the tensors it reads and the outputs it must
+    write before any of its block graphs is generated (`_whole_floor`), is at most the cost
+    model's least time of every last kernel the search builds over those tensors, so cutting by
+    it never cuts a graph that could win; and at the published shape it is no empty bound: it
+    comes within 2x of some of them (attention's last kernels must read all of K and V in
+    every block, whatever their block graph)."""
+    program = workloads.resolve(spec)
+    ks = KernelSearch(program, space_of(program), Oracle(program), SearchConfig(), target=h100)
+    ks.bound_s = 1.0  # any finite bound: the floors are computed
+    ratios = []
+    for choice in ks.first_choices(2)[:4]:
+        firsts = ks._library_moves(ks.initial(), False) if choice[0] == "library" else \
+            ks._graph_moves(ks.initial(), False, only=choice[1])
+        for first in itertools.islice(firsts, 4):
+            missing = ks._missing(first)
+            index = {t.id: n for n, t in enumerate(first.tensors)}
+            for last in itertools.islice(ks._graph_moves(first, True), 25):
+                kernel = last.kernels[-1]
+                floor = ks._whole_floor(first, tuple(sorted(index[t] for t in kernel.tensor_inputs)), missing)
+                prefix = ks._prefix(last)
+                assert prefix is not None
+                least = min(ks._floors(last, *prefix, kernel).values(), default=float("inf"))
+                assert floor <= least * (1 + 1e-9), kernel
+                ratios.append(least / floor)
+    assert len(ratios) >= 15
+    assert spec != "gqa" or min(ratios) < 2.0, min(ratios)
+
+
 def test_loop_bodies_walked_in_parts_rebuild_the_whole_walk():
     """Distributed search walks a block space's loop bodies in parts and hands them to every graph
     shard, which rebuilds those of its own part: it then completes exactly the block graphs, in
