@@ -27,7 +27,7 @@ from itertools import combinations
 from typing import Any
 
 from superopt import costmodel, ops
-from superopt.assignments import bounded_candidates
+from superopt.assignments import bounded_candidates, divisors
 from superopt.config import SearchConfig
 from superopt.dimclasses import NO_CLASS, dim_classes, input_classes
 from superopt.dtypes import dtype as get_dtype
@@ -121,6 +121,10 @@ class KernelSearch:
         self._output_classes = [tuple(classes[(o, d)] for d in range(len(self.program.nodes[o].shape)))
                                 for o in self.program.outputs]
         self._whole_floors: dict[tuple[Any, ...], float] = {}  # last kernel's inputs -> `_whole_floor`
+        self._chunk_floors: dict[tuple[str, ...], tuple[float, dict[int, float]]] = {}  # kernels -> `_split_floors`
+        # Each grid axis splits a divisor of a program dim: the least latency of a loop iteration.
+        self._iteration_s = 0.0 if self.target is None else costmodel.iteration_floor(
+            self.target, _block_counts(self.program, self.config.max_grid_axes))
         values = abstract_program(self.program)
         self._nbytes = min(get_dtype(n.dtype or "f32").nbytes for n in self.program.inputs)
         self._output_bytes = [self._bytes(KTensor(n.id, n.size_shape, ("c",), ())) for n in self._outputs]
@@ -249,8 +253,9 @@ class KernelSearch:
         self.states += 1
         self._tick()
         left = depth - len(state.kernels)
-        if left and self.bound_s < float("inf") and \
-                self._spent(state) + left * self.launch_s + self._unwritten(state) / self.bandwidth > self.bound_s:
+        if left and self.bound_s < float("inf") and left * self.launch_s + max(
+                self._spent(state) + self._unwritten(state) / self.bandwidth,
+                self._merged_later(state, lambda chunks: chunks * self._iteration_s)) > self.bound_s:
             self.pruned += 1  # the kernels so far, the launches to come and the outputs take too long
             self.bounded += 1
             return
@@ -398,7 +403,7 @@ class KernelSearch:
         self.bounded += too_slow
         return too_slow
 
-    def _whole_floor(self, s: KState, inputs: tuple[int, ...], missing: list[int]) -> float:
+    def _whole_floor(self, s: KState, inputs: tuple[int, ...], missing: list[int], loop: int = 1) -> float:
         """The least time of a last graph kernel reading these tensors (`costmodel.whole_reduction_floor`:
         a last kernel writes no partial results, so its grid splits only classes of the outputs
         it writes, the missing ones, whose dims carry the program outputs' classes by
@@ -408,7 +413,7 @@ class KernelSearch:
             return 0.0
         read = tuple(sorted((self._bytes(s.tensors[i]), frozenset(s.tensors[i].classes) - {NO_CLASS})
                             for i in inputs))
-        key = (read, tuple(missing))
+        key = (read, tuple(missing), loop)
         hit = self._whole_floors.get(key)
         if hit is None:
             shared = set.intersection(*(set(self._output_classes[i]) for i in missing)) - {NO_CLASS}
@@ -417,7 +422,7 @@ class KernelSearch:
                                                                       self._outputs[i].size_shape, strict=True)
                      if c in shared & read_classes}
             hit = self._whole_floors[key] = costmodel.whole_reduction_floor(
-                self.target, read, sum(self._output_bytes[i] for i in missing), sizes, self.config.max_grid_axes)
+                self.target, read, sum(self._output_bytes[i] for i in missing), sizes, self.config.max_grid_axes, loop)
         return hit
 
     def _reads_inputs(self, tensors: tuple[int, ...], rereads: bool | None) -> bool:
@@ -453,6 +458,43 @@ class KernelSearch:
 
     def _inputs_of(self, outputs: list[int]) -> set[str]:
         return set().union(*(_leaves(self._targets[i]) for i in outputs)) if outputs else set()
+
+    def _last_graph_floor(self, s: KState, spent: float, subset: tuple[int, ...], missing: list[int]) -> float:
+        """The least time of `s` plus a last graph kernel over these tensors: `spent` plus
+        `_whole_floor`, or when that kernel merges the chunks of a kernel of `s`, the two
+        kernels' floors at the same chunk count (the merge's loop walks the chunks)."""
+        floor = spent + self._whole_floor(s, subset, missing)
+        if any(s.tensors[i].chunk is not None for i in subset):
+            floor = max(floor, self._merged_later(s, lambda chunks: self._whole_floor(s, subset, missing, chunks)))
+        return floor
+
+    def _merged_later(self, s: KState, merge_s: Callable[[int], float]) -> float:
+        """When one kernel of `s` writes per-chunk partials that no kernel reads yet, some later
+        kernel merges them, its loop walking the chunks: the least time of the kernels of `s` with
+        that merge's least time beyond its launch at each chunk count (`merge_s(chunks)`),
+        minimized over the chunk count they share; 0 when there is no such kernel or no bound."""
+        if self.bound_s == float("inf") or self.target is None:
+            return 0.0
+        whole = tuple(self._text(k) for k in s.kernels)
+        hit = self._chunk_floors.get(whole)
+        if hit is None:
+            hit = self._chunk_floors[whole] = self._split_floors(s)
+        others, pending = hit
+        return others + min((f + merge_s(c) for c, f in pending.items()), default=0.0)
+
+    def _split_floors(self, s: KState) -> tuple[float, dict[int, float]]:
+        """The sum of the least times of the kernels of `s` whose outputs are merged or whole,
+        and the least time per chunk count of the one kernel whose partials are not read yet
+        (empty when there is none, or more than one, or the estimates are not known)."""
+        read = {t for k in s.kernels for t in k.tensor_inputs}
+        unmerged = {t.id for t in s.tensors if t.chunk is not None and t.id not in read}
+        pending = [k for k in s.kernels if unmerged & set(k.outputs)]
+        prefix = self._prefix(s)
+        if len(pending) != 1 or prefix is None:
+            return 0.0, {}
+        floors = {k.id: self._floors(s, *prefix, k) for k in s.kernels}
+        others = sum(min(f.values(), default=math.inf) for kid, f in floors.items() if kid != pending[0].id)
+        return others, floors[pending[0].id]
 
     def _completes_exactly(self, missing: list[int], outputs: Sequence[Sink]) -> bool:
         """Does a last kernel with these outputs (expression, shape, program dim classes) write
@@ -522,7 +564,7 @@ class KernelSearch:
                     continue
                 if final and not needed <= set().union(*(_leaves(s.tensors[i].ae) for i in subset)):
                     continue  # the last kernel must see every program input its outputs read
-                if final and spent + self._whole_floor(s, subset, missing) > self.bound_s:
+                if final and self._last_graph_floor(s, spent, subset, missing) > self.bound_s:
                     self.pruned += 1
                     self.bounded += 1
                     continue
@@ -742,6 +784,16 @@ def _sinks(block: BlockState) -> list[Sink]:
     used = {a for t in block.tiles for a in t.args}
     return [(t.ae, _output_shape(block, k, None), t.pdims) for k, t in enumerate(block.tiles)
             if t.phase == 1 and k not in used]
+
+
+def _block_counts(program: Program, max_grid: int) -> list[int]:
+    """Every block count a graph kernel can have: products of at most `max_grid` grid axis sizes,
+    each a divisor of a program dim (a split class; chunk dims are walked, never split)."""
+    sizes = sorted({d for n in program.nodes.values() for size in n.shape for d in divisors(size)})
+    counts = {1}
+    for _ in range(max_grid):
+        counts |= {c * d for c in counts for d in sizes}
+    return sorted(counts)
 
 
 def _same_classes(pdims: tuple[int, ...], classes: tuple[int, ...]) -> bool:

@@ -369,19 +369,19 @@ def kernel_floors(
 
 def whole_reduction_floor(
     target: Target, inputs: Sequence[tuple[float, frozenset[int]]], output_bytes: float,
-    grid_classes: Mapping[int, int], max_grid: int,
+    grid_classes: Mapping[int, int], max_grid: int, loop: int = 1,
 ) -> float:
     """The least time `_graph` gives any graph kernel that reads `inputs` (bytes, program dim
     classes of its dims) and writes `output_bytes`, when each of its at most `max_grid` grid axes
     splits one of `grid_classes` (class -> size, which the axis size divides): a kernel with no
     per-chunk partial results, whose grid splits only classes of its outputs. Known before its
-    block graph is: every block reads its tile of each input over its loop, split only by the
-    axes over that input's classes, so an input lacking an output class is read again by every
-    block along it. Compute, sector waste, waves and shared memory only add to `_graph`'s time;
-    the loop runs at least once; a block keeps at most `IN_FLIGHT_PER_BLOCK` bytes in flight and
+    block graph is: every block reads its tile of each input over its loop (of at least `loop`
+    iterations), split only by the axes over that input's classes, so an input lacking an output
+    class is read again by every block along it. Compute, sector waste, waves and shared memory
+    only add to `_graph`'s time; a block keeps at most `IN_FLIGHT_PER_BLOCK` bytes in flight and
     an SM holds at most its thread limit's blocks."""
     order = sorted(grid_classes)
-    per_sm = max(1, MAX_THREADS_PER_SM // target.threads_per_block)
+    per_sm = _most_resident(target)
     best = math.inf
     for axes in combinations(order, min(max_grid, len(order))):
         values = np.meshgrid(*(np.array(divisors(grid_classes[c]), dtype=np.float64) for c in axes), indexing="ij")
@@ -393,10 +393,25 @@ def whole_reduction_floor(
         in_flight = np.minimum(blocks, target.sms * per_sm) * IN_FLIGHT_PER_BLOCK
         bw_fraction = np.minimum(1.0, in_flight / (target.dram_bytes_per_s * DRAM_LATENCY_S))
         t_dram = dram / (target.dram_bytes_per_s * bw_fraction)
-        resident = np.minimum(per_sm, np.ceil(blocks / target.sms))
-        t_lat = blocks / (np.minimum(blocks, target.sms) * resident) * ITERATION_LATENCY_S
-        best = min(best, float(np.min(np.maximum(t_dram, t_lat))))
+        best = min(best, float(np.min(np.maximum(t_dram, _least_latency(target, blocks, loop)))))
     return target.launch_overhead_s + best
+
+
+def iteration_floor(target: Target, block_counts: Sequence[int]) -> float:
+    """The least loop latency `_graph` charges per loop iteration of a graph kernel with one of
+    these block counts: a kernel that walks c chunks in its loop takes at least c times this."""
+    return float(np.min(_least_latency(target, np.array(block_counts, dtype=np.float64), 1)))
+
+
+def _most_resident(target: Target) -> int:
+    """Blocks an SM can hold at most (its thread limit; shared memory can only lower it)."""
+    return max(1, MAX_THREADS_PER_SM // target.threads_per_block)
+
+
+def _least_latency(target: Target, blocks: Any, loop: int) -> Any:
+    """`_graph`'s loop-latency term with as many blocks resident per SM as threads allow."""
+    resident = np.minimum(_most_resident(target), np.ceil(blocks / target.sms))
+    return blocks * loop / (np.minimum(blocks, target.sms) * resident) * ITERATION_LATENCY_S
 
 
 def _own_symbols(sg: SGraph, k: Kernel, relevant: list[str]) -> frozenset[str]:

@@ -434,6 +434,47 @@ def test_last_kernel_floor_is_below_every_last_kernel_over_its_inputs(h100, spec
     assert spec != "gqa" or min(ratios) < 2.0, min(ratios)
 
 
+@pytest.mark.parametrize("spec", ["gqa", "gqa:ci"])
+def test_chunk_merge_floors_are_below_every_candidate_that_merges_later(h100, spec):
+    """A first kernel writing per-chunk partials is bounded together with the kernel that will
+    merge them, at the chunk count they share (the merge's loop walks the chunks). Those bounds,
+    the one checked before growing a state (`_merged_later` plus the launches to come) and the
+    one checked before a last kernel's block graphs (`_last_graph_floor`), are at most the cost
+    model's best time of every candidate grown from the state, at two and three kernels; and at
+    the published shape they bind: some candidate is within 2x of them."""
+    program = workloads.resolve(spec)
+    ks = KernelSearch(program, space_of(program), Oracle(program), SearchConfig(), target=h100)
+    ks.bound_s = 1.0  # any finite bound: the floors are computed
+    start = ks.initial()
+    inputs = tuple(range(len(start.tensors)))
+    chunked = [f for f in ks._graph_moves(start, False, only=inputs) if any(t.chunk for t in f.tensors)]
+    ratios = []
+
+    def check(before: list, last) -> None:
+        cand = ks._candidate(last)
+        if cand is None or not (ranked := rank(cand, h100)):
+            return
+        best = ranked[0].estimate.time_s
+        first = before[0]
+        left = len(last.kernels) - 1
+        bound = left * ks.launch_s + ks._merged_later(first, lambda c: c * ks._iteration_s)
+        prev = before[-1]
+        index = {t.id: n for n, t in enumerate(prev.tensors)}
+        subset = tuple(sorted(index[t] for t in last.kernels[-1].tensor_inputs))
+        floor = ks._last_graph_floor(prev, ks._spent(prev), subset, ks._missing(prev))
+        assert max(bound, floor) <= best * (1 + 1e-9), cand.dumps()
+        ratios.append(best / max(bound, floor))
+
+    for first in chunked[:12]:
+        for last in itertools.islice(ks._graph_moves(first, True), 30):
+            check([first], last)
+        for mid in itertools.islice(ks.moves(first), 6):
+            for last in itertools.islice(ks._graph_moves(mid, True), 3):
+                check([first, mid], last)
+    assert len(ratios) >= 15
+    assert spec != "gqa" or min(ratios) < 2.0, min(ratios)
+
+
 def test_loop_bodies_walked_in_parts_rebuild_the_whole_walk():
     """Distributed search walks a block space's loop bodies in parts and hands them to every graph
     shard, which rebuilds those of its own part: it then completes exactly the block graphs, in
