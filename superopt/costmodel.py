@@ -200,14 +200,12 @@ def _graph(inst: Instance, k: GraphKernel) -> _Costs:
     flops = flops + sum(math.prod(inst.tile(k.id, a.id)) for a in b.accumulators) * blocks * loop
     per_sm = np.maximum(1, np.minimum(MAX_THREADS_PER_SM // t.threads_per_block,
                                       t.smem_per_sm // np.maximum(inst.smem(k), 1)))
-    resident = np.minimum(per_sm, -(-blocks // t.sms))
     active_sms = np.minimum(blocks, t.sms)
-    in_flight = np.minimum(blocks, t.sms * per_sm) * np.minimum(np.maximum(per_iteration, 1), IN_FLIGHT_PER_BLOCK)
-    bw_fraction = np.minimum(1.0, in_flight / (t.dram_bytes_per_s * DRAM_LATENCY_S))
+    bw_fraction = _bandwidth_fraction(t, blocks, per_sm, np.minimum(np.maximum(per_iteration, 1), IN_FLIGHT_PER_BLOCK))
     waves_fraction = _wave_quantization(blocks, t.sms * per_sm)
     t_dram = dram_eff / (t.dram_bytes_per_s * bw_fraction) * waves_fraction
     t_comp = comp_s / (active_sms / t.sms) * waves_fraction
-    t_lat = blocks * loop / (active_sms * resident) * ITERATION_LATENCY_S
+    t_lat = _latency(t, blocks, loop, per_sm)
     parts = np.broadcast_arrays(t_dram, t_comp, t_lat)  # in BOUNDS order: ties go to the first
     return _Costs(k.id, "graph", dram, flops, t.launch_overhead_s + np.max(parts, axis=0),
                   np.argmax(parts, axis=0), blocks)
@@ -390,17 +388,15 @@ def whole_reduction_floor(
         dram = output_bytes + sum(
             nbytes * blocks / math.prod((g for c, g in split.items() if c in classes), start=np.ones(1))
             for nbytes, classes in inputs)
-        in_flight = np.minimum(blocks, target.sms * per_sm) * IN_FLIGHT_PER_BLOCK
-        bw_fraction = np.minimum(1.0, in_flight / (target.dram_bytes_per_s * DRAM_LATENCY_S))
-        t_dram = dram / (target.dram_bytes_per_s * bw_fraction)
-        best = min(best, float(np.min(np.maximum(t_dram, _least_latency(target, blocks, loop)))))
+        t_dram = dram / (target.dram_bytes_per_s * _bandwidth_fraction(target, blocks, per_sm, IN_FLIGHT_PER_BLOCK))
+        best = min(best, float(np.min(np.maximum(t_dram, _latency(target, blocks, loop, per_sm)))))
     return target.launch_overhead_s + best
 
 
 def iteration_floor(target: Target, block_counts: Sequence[int]) -> float:
     """The least loop latency `_graph` charges per loop iteration of a graph kernel with one of
     these block counts: a kernel that walks c chunks in its loop takes at least c times this."""
-    return float(np.min(_least_latency(target, np.array(block_counts, dtype=np.float64), 1)))
+    return float(np.min(_latency(target, np.array(block_counts, dtype=np.float64), 1, _most_resident(target))))
 
 
 def _most_resident(target: Target) -> int:
@@ -408,10 +404,18 @@ def _most_resident(target: Target) -> int:
     return max(1, MAX_THREADS_PER_SM // target.threads_per_block)
 
 
-def _least_latency(target: Target, blocks: Any, loop: int) -> Any:
-    """`_graph`'s loop-latency term with as many blocks resident per SM as threads allow."""
-    resident = np.minimum(_most_resident(target), np.ceil(blocks / target.sms))
+def _latency(target: Target, blocks: Any, loop: Any, per_sm: Any) -> Any:
+    """Loop latency: each iteration of a block costs `ITERATION_LATENCY_S`, overlapped across the
+    blocks resident on an SM (at most `per_sm`)."""
+    resident = np.minimum(per_sm, -(-blocks // target.sms))
     return blocks * loop / (np.minimum(blocks, target.sms) * resident) * ITERATION_LATENCY_S
+
+
+def _bandwidth_fraction(target: Target, blocks: Any, per_sm: Any, in_flight_per_block: Any) -> Any:
+    """Fraction of DRAM bandwidth reached: bandwidth x latency bytes must be in flight, from the
+    blocks resident at once."""
+    in_flight = np.minimum(blocks, target.sms * per_sm) * in_flight_per_block
+    return np.minimum(1.0, in_flight / (target.dram_bytes_per_s * DRAM_LATENCY_S))
 
 
 def _own_symbols(sg: SGraph, k: Kernel, relevant: list[str]) -> frozenset[str]:
