@@ -127,6 +127,21 @@ def test_a_last_kernel_writes_the_missing_outputs_and_nothing_else():
     assert any(len(k.outputs) == 2 for k in firsts)
 
 
+def test_two_outputs_of_one_matmul_come_from_one_proved_kernel(h100):
+    """A last kernel may write several program outputs at once: each of its outputs is matched
+    to a missing one by value, shape and dim classes (the bound on last kernels assumes the
+    classes), so exp(X @ W) and the row sums of X @ W come from one fused kernel."""
+    p = Program("two_outputs")
+    y = p.input("X", (8, 64), "f16") @ p.input("W", (64, 32), "f16")
+    p.output(p.op("exp", y, name="E"))
+    p.output(p.op("sum", y, name="S", dim=-1, keepdim=True))
+    outcome = run_search(p, h100, SearchConfig(), budget_s=60)
+    best = outcome.best
+    assert len(best.sgraph.kernels) == 1 and graph_kernels(best.sgraph)
+    assert len(best.sgraph.kernels[0].outputs) == 2 and best.verdict.proved
+    assert not outcome.stats.budget_exhausted
+
+
 def test_attention_finds_a_fused_schedule_better_than_unfused(searched):
     _, outcome = searched("gqa:ci")
     best = outcome.best
