@@ -110,7 +110,7 @@ class KernelSearch:
             self.bandwidth, self.launch_s = self.target.dram_bytes_per_s, self.target.launch_overhead_s
         self._first_states: dict[tuple[int, ...], list[KState]] = {}  # by input subset, for dealing out
         self._kernel_floors: dict[str, dict[int, float]] = {}  # kernel and input shapes (text) -> `_floors`
-        self._estimates: dict[tuple[str, ...], float] = {}  # kernels (text) -> the sum of their floors
+        self._floor_parts: dict[tuple[str, ...], tuple[float, dict[int, float] | None]] = {}  # see `_parts`
         self._texts: ObjectCache[Kernel, str] = ObjectCache(65536)  # kernel -> its repr: see `_text`
         self._inputs = random_inputs(self.program)  # small random program inputs for `_fingerprint`
         self._gen = Generator(self.space, self.oracle, self.config.max_block_ops, on_state=self._tick,
@@ -121,7 +121,6 @@ class KernelSearch:
         self._output_classes = [tuple(classes[(o, d)] for d in range(len(self.program.nodes[o].shape)))
                                 for o in self.program.outputs]
         self._whole_floors: dict[tuple[Any, ...], float] = {}  # last kernel's inputs -> `_whole_floor`
-        self._chunk_floors: dict[tuple[str, ...], tuple[float, dict[int, float]]] = {}  # kernels -> `_split_floors`
         # Each grid axis splits a divisor of a program dim: the least latency of a loop iteration.
         self._iteration_s = 0.0 if self.target is None else costmodel.iteration_floor(
             self.target, _block_counts(self.program, self.config.max_grid_axes))
@@ -312,18 +311,32 @@ class KernelSearch:
         them: the sum of each kernel's least estimate over every size its symbols can take there
         (a larger graph adds constraints, never values), or 0 when that is not known. Each
         kernel's is kept: deeper graphs share their first kernels."""
+        others, pending = self._parts(s)
+        return others + (0.0 if pending is None else min(pending.values(), default=math.inf))
+
+    def _parts(self, s: KState) -> tuple[float, dict[int, float] | None]:
+        """The kernels' least times (`_floors`), kept per set of kernels (deeper graphs share
+        their first kernels): their sum, except for the one kernel whose per-chunk partials no
+        kernel reads yet, if there is exactly one, whose least time per chunk count is returned
+        apart (for `_merged_later`; None otherwise). (0, None) when the estimates are not known."""
         assert self.target is not None
         whole = tuple(self._text(k) for k in s.kernels)
-        hit = self._estimates.get(whole)
+        hit = self._floor_parts.get(whole)
         if hit is None:
-            hit = self._estimates[whole] = self._sum_of_floors(s)
+            hit = self._floor_parts[whole] = self._split_floors(s)
         return hit
 
-    def _sum_of_floors(self, s: KState) -> float:
+    def _split_floors(self, s: KState) -> tuple[float, dict[int, float] | None]:
         prefix = self._prefix(s)
         if prefix is None:
-            return 0.0
-        return sum(min(self._floors(s, *prefix, k).values(), default=math.inf) for k in s.kernels)
+            return 0.0, None
+        read = {t for k in s.kernels for t in k.tensor_inputs}
+        unmerged = {t.id for t in s.tensors if t.chunk is not None and t.id not in read}
+        pending = [k.id for k in s.kernels if unmerged & set(k.outputs)]
+        lone = pending[0] if len(pending) == 1 else None
+        floors = {k.id: self._floors(s, *prefix, k) for k in s.kernels}
+        others = sum(min(f.values(), default=math.inf) for kid, f in floors.items() if kid != lone)
+        return others, None if lone is None else floors[lone]
 
     def _prefix(self, s: KState) -> tuple[SGraph, dict[str, list[int]]] | None:
         """The kernels of `s` as an sGraph (what they compute and nothing reads, its outputs), and
@@ -472,29 +485,14 @@ class KernelSearch:
         """When one kernel of `s` writes per-chunk partials that no kernel reads yet, some later
         kernel merges them, its loop walking the chunks: the least time of the kernels of `s` with
         that merge's least time beyond its launch at each chunk count (`merge_s(chunks)`),
-        minimized over the chunk count they share; 0 when there is no such kernel or no bound."""
+        minimized over the chunk count they share; without such a kernel, `_estimated`; 0 without
+        a bound."""
         if self.bound_s == float("inf") or self.target is None:
             return 0.0
-        whole = tuple(self._text(k) for k in s.kernels)
-        hit = self._chunk_floors.get(whole)
-        if hit is None:
-            hit = self._chunk_floors[whole] = self._split_floors(s)
-        others, pending = hit
-        return others + min((f + merge_s(c) for c, f in pending.items()), default=0.0)
-
-    def _split_floors(self, s: KState) -> tuple[float, dict[int, float]]:
-        """The sum of the least times of the kernels of `s` whose outputs are merged or whole,
-        and the least time per chunk count of the one kernel whose partials are not read yet
-        (empty when there is none, or more than one, or the estimates are not known)."""
-        read = {t for k in s.kernels for t in k.tensor_inputs}
-        unmerged = {t.id for t in s.tensors if t.chunk is not None and t.id not in read}
-        pending = [k for k in s.kernels if unmerged & set(k.outputs)]
-        prefix = self._prefix(s)
-        if len(pending) != 1 or prefix is None:
-            return 0.0, {}
-        floors = {k.id: self._floors(s, *prefix, k) for k in s.kernels}
-        others = sum(min(f.values(), default=math.inf) for kid, f in floors.items() if kid != pending[0].id)
-        return others, floors[pending[0].id]
+        others, pending = self._parts(s)
+        if pending is None:
+            return others
+        return others + min((f + merge_s(c) for c, f in pending.items()), default=math.inf)
 
     def _completes_exactly(self, missing: list[int], outputs: Sequence[Sink]) -> bool:
         """Does a last kernel with these outputs (expression, shape, program dim classes) write
