@@ -2,7 +2,8 @@
 
 Each task runs one shard (`superopt.search.driver.Shard`): a part of the loop bodies of a first
 kernel's block space (walked first, in parts), or the first kernel's choice and a part of its
-block graphs, given the loop bodies of that part. A worker process keeps one `Searcher` per job —
+block graphs, given the loop bodies of that part (which also returns that part's first kernels
+of deeper graphs), or a share of those first kernels, dealt out. A worker process keeps one `Searcher` per job —
 the oracle is saturated once and the memoized block graphs are reused by every shard of that job
 the worker runs. Shards are submitted two per worker ahead, each made with the proofs merged so
 far. Results merge in a total order, so 1 and N workers return the same verified set and winner. A worker that dies

@@ -1,13 +1,16 @@
 """The search loop: generate candidates, verify them, instantiate and rank the verified ones.
 
 The search runs depth by depth (kernel count); each depth is cut into shards — the choices of the
-first kernel, optionally split further into parts of its block graphs (`Shard`) — that an
-executor runs: in this process one after another (`run_search`), or as Ray tasks
+first kernel, optionally split further into parts of its block graphs (`Shard`) — that an executor
+runs: in this process one after another (`run_search`), or as Ray tasks
 (`superopt.search.distributed`). Split into parts, a first kernel's loop bodies are walked first,
-in parts too, and each graph shard is handed those of its part (every part needs them). A
-shard's verified candidates do not depend on which process ran it, and the merge sorts them by a
-total order, so any number of workers returns the same verified set and winner. Between depths
-the driver decides whether deeper kernel graphs can still win (launch overhead alone bounds them).
+in parts too, and each graph shard is handed those of its part (every part needs them); the first
+kernels of deeper graphs are made by the shards that generated the block graphs of their part,
+gathered, cut across parts and dealt out to the deeper shards (so a part's block graphs are
+generated once, in whichever process ran that shard). A shard's verified candidates do not depend
+on which process ran it, and the merge sorts them by a total order, so any number of workers
+returns the same verified set and winner. Between depths the driver decides whether deeper kernel
+graphs can still win (launch overhead alone bounds them).
 
 Branch and bound on proofs: verification is most of a search's time, and only the best few
 candidates can matter: the winner, or the `contenders` best when a GPU re-times them. A shard
@@ -42,7 +45,7 @@ from superopt.program import Program
 from superopt.result import SearchStats, Verdict
 from superopt.search.block import Body
 from superopt.search.instantiation import Ranked, rank
-from superopt.search.kernel import DEAL_FIRSTS_FROM, BudgetExhausted, FirstChoice, KernelSearch
+from superopt.search.kernel import BudgetExhausted, FirstChoice, FirstKernel, KernelSearch, KState
 from superopt.search.space import space_of
 from superopt.sgraph import SGraph
 from superopt.targets import Target
@@ -93,6 +96,8 @@ class Shard:
     keep: int = 1  # how many of the best candidates must be verified
     walk: bool = False  # only walk this part of the first kernel's loop bodies (see run_search)
     bodies: tuple[Body, ...] | None = None  # the first kernel's loop bodies of this part, walked beforehand
+    deeper: bool = False  # also return this part's first kernels of deeper graphs (`KernelSearch.first_kernels`)
+    firsts: tuple[KState, ...] | None = None  # first kernels dealt out to this shard (instead of its part)
 
 
 @dataclass
@@ -107,6 +112,7 @@ class ShardResult:
     deferred: list[tuple[Key, SGraph]] = field(default_factory=list)  # tied with the bound: see settle
     bounded: int = 0  # kernel-graph states cut by the time bound
     bodies: list[Body] = field(default_factory=list)  # a walk shard's loop bodies
+    firsts: list[FirstKernel] = field(default_factory=list)  # a `deeper` shard's first kernels
 
 
 class Searcher:
@@ -185,19 +191,22 @@ class Searcher:
             if shard.bodies is not None:
                 ks.adopt_bodies(shard.choice, shard.bodies, shard.part)
             limit = bound()
-            for cand in ks.candidates_in(shard.depth, shard.choice, shard.part):
+            for cand in ks.candidates_in(shard.depth, shard.choice, shard.part, shard.firsts):
                 n = len(verified)
                 self.consider(cand, verified, rejected, dominated, limit, deferred)
                 if len(verified) > n:
                     best = sorted({*best, verified[-1].sort_key()})[:shard.keep]
                     limit = bound()
+            # Made here, where this part's block graphs were just generated: elsewhere they would
+            # be generated again.
+            firsts = ks.first_kernels(shard.choice, shard.part) if shard.deeper else []
         except BudgetExhausted:
-            exhausted = True
+            exhausted, firsts = True, []
         finally:
             ks.bound_s = float("inf")
-        shard = replace(shard, bodies=None)  # the driver has them: not sent back
+        shard = replace(shard, bodies=None, firsts=None)  # the driver has them: not sent back
         return ShardResult(shard, verified, rejected, ks.total_states - states0, ks.total_pruned - pruned0, exhausted,
-                           dominated, deferred, ks.bounded - bounded0)
+                           dominated, deferred, ks.bounded - bounded0, firsts=firsts)
 
 
 # An executor runs a depth's shards and yields their results (in any order). It takes each shard
@@ -297,6 +306,26 @@ def run_search(
 
     run = executor or in_process
     walked: dict[tuple[FirstChoice, int], tuple[Body, ...]] = {}  # first kernels' loop bodies, by choice and part
+    # Split into parts, a graph choice's first kernels for deeper graphs are made by the shards that
+    # generated its block graphs (by part, `Shard.deeper`), then gathered here and dealt out.
+    dealt: dict[FirstChoice, list[KState]] = {}
+    local.search.keep = contenders
+    def shards_of(depth: int, choice: FirstChoice) -> Iterator[Shard]:
+        """A choice's shards, each made with the best proved when it is taken: its dealt first
+        kernels in `parts` shares, or its parts (a library choice splits only when its second
+        kernel is the last)."""
+        def best() -> tuple[Key, ...]:
+            return tuple(sorted(v.sort_key() for v in outcome.verified)[:contenders])
+
+        if choice in dealt:
+            for i in range(parts):
+                if firsts := tuple(dealt[choice][i::parts]):
+                    yield Shard(depth, choice, (parts, i), best(), contenders, firsts=firsts)
+            return
+        deeper = parts > 1 and depth < config.max_kernel_ops and choice[0] == "graph"
+        for i in range(parts if choice[0] == "graph" or depth == 2 else 1):
+            yield Shard(depth, choice, (parts, i), best(), contenders, bodies=walked.get((choice, i)), deeper=deeper)
+
     floor_s = costmodel.floor(program, target).time_s
     for depth in range(1, config.max_kernel_ops + 1):
         # Any schedule of `depth` kernels pays that many launches over the program's physical floor:
@@ -309,7 +338,7 @@ def run_search(
             # Every part of a first kernel's block graphs starts from the same loop bodies: walk
             # them in parts first (once per choice: deeper graphs start the same way), then hand
             # each graph shard those of its part.
-            todo = [c for c in choices if c[0] == "graph" and (c, 0) not in walked]
+            todo = [c for c in choices if c[0] == "graph" and (c, 0) not in walked and c not in dealt]
             found_bodies: dict[FirstChoice, list[Body]] = {c: [] for c in todo}
             for result in run((Shard(depth, c, (parts, i), walk=True) for c in todo for i in range(parts)),
                               deadline, None if max_states is None else max_states - stats.states):
@@ -326,16 +355,20 @@ def run_search(
         # second kernel is the last (its block space is the work; split deeper, the parts would
         # each search the same last kernels again).
         order = sorted(choices, key=lambda c: c[0] == "graph") if parts > 1 else choices
-        shards = (Shard(depth, choice, (parts, i), tuple(sorted(v.sort_key() for v in outcome.verified)[:contenders]),
-                        contenders, bodies=walked.get((choice, i)) if depth < DEAL_FIRSTS_FROM else None)
-                  for choice in order for i in range(parts if choice[0] == "graph" or depth == 2 else 1))
+        shards = (shard for choice in order for shard in shards_of(depth, choice))
+        gathered: dict[FirstChoice, list[tuple[int, list[FirstKernel]]]] = {}
         bounded = False
         for result in run(shards, deadline, None if max_states is None else max_states - stats.states):
             merge(result)
             bounded |= result.bounded > 0
+            if result.shard.deeper:
+                gathered.setdefault(result.shard.choice, []).append((result.shard.part[1], result.firsts))
             report("verify")
         if stats.budget_exhausted:
             break
+        for choice, by_part in gathered.items():  # beaten across parts too, in a fixed order
+            union = [f for _, firsts in sorted(by_part, key=lambda p: p[0]) for f in firsts]
+            dealt[choice] = [f.state for f in local.search.undominated(union)]
         settle()
         if stats.generic_depth == stats.depth and not bounded:
             stats.generic_depth = depth  # every graph of this many kernels was generated: for any shape

@@ -69,10 +69,20 @@ class KState:
     graph_kernels: int = 0
 
 
+@dataclass(frozen=True)
+class FirstKernel:
+    """A state of one first kernel (not the last), ranked among those computing the same values
+    (`undominated`): its least estimated time per chunk count and its prefix sGraph's text;
+    `floors` is None when not known (then it is never cut)."""
+
+    state: KState
+    floors: dict[int, float] | None
+    text: str
+
+
 Sink = tuple[AE, tuple[Size, ...], tuple[int, ...]]  # a block output: expression, full shape, program dim classes
 FirstChoice = tuple[str, Any]  # ("library", move key) | ("graph", input tensor indices)
 TIE = 1e-9  # relative difference of estimates below which two are the same (float sums differ in order)
-DEAL_FIRSTS_FROM = 3  # kernel count from which parts split the first kernel's states, not its block graphs
 BLOCK_CACHE_ENTRIES = 256  # input combinations whose block graphs are kept (least recently used go)
 
 
@@ -102,13 +112,13 @@ class KernelSearch:
     bandwidth: float = field(init=False, default=float("inf"))  # DRAM bytes per second
     launch_s: float = field(init=False, default=0.0)
     bounded: int = 0  # graphs cut by the bound (they might win at another shape)
-    keep: int = 1  # first kernels kept per computation (`_undominated`): the driver's contenders
+    keep: int = 1  # first kernels kept per computation (`undominated`): the driver's contenders
     _gen: Generator | None = None
 
     def __post_init__(self) -> None:
         if self.target is not None:
             self.bandwidth, self.launch_s = self.target.dram_bytes_per_s, self.target.launch_overhead_s
-        self._first_states: dict[tuple[int, ...], list[KState]] = {}  # by input subset, for dealing out
+        self._first_kernels: dict[tuple[FirstChoice, tuple[int, int]], list[FirstKernel]] = {}  # see first_kernels
         self._kernel_floors: dict[str, dict[int, float]] = {}  # kernel and input shapes (text) -> `_floors`
         self._floor_parts: dict[tuple[str, ...], tuple[float, dict[int, float] | None]] = {}  # see `_parts`
         self._texts: ObjectCache[Kernel, str] = ObjectCache(65536)  # kernel -> its repr: see `_text`
@@ -208,41 +218,53 @@ class KernelSearch:
         root = self.initial()
         return self._gen.start([self._spec(root.tensors[i], i, False) for i in choice[1]])
 
-    def candidates_in(self, depth: int, choice: FirstChoice, part: tuple[int, int] = (1, 0)) -> Iterator[SGraph]:
+    def candidates_in(
+        self, depth: int, choice: FirstChoice, part: tuple[int, int] = (1, 0), firsts: Sequence[KState] | None = None,
+    ) -> Iterator[SGraph]:
         """Candidates of `depth` kernels whose first kernel is `choice`; `part` splits the first
         kernel's block graphs among workers (see Generator.complete_graphs), or after a library
-        first kernel the second kernel's."""
+        first kernel the second kernel's. `firsts` (a graph choice of more than one kernel) are
+        first kernels dealt out by the driver (`first_kernels`, undominated across every part):
+        grown instead of generating the first kernel's block graphs."""
         root = self.initial()
         self.states += 1
         self._tick()
         final = depth == 1
-        if choice[0] == "library":
+        if firsts is not None:
+            states = list(firsts)
+        elif choice[0] == "library":
             if final and part[1] != 0:
                 return  # one kernel: nothing after it to split, the first part has it
-            firsts: Iterator[KState] = (s for s in self._library_moves(root, final) if s.last_key == choice[1])
-        elif depth >= DEAL_FIRSTS_FROM and part[0] > 1:
-            # Most of a deep graph's work is in the kernels after the first, unevenly so: the
-            # first kernel's states are dealt out (each process generates them all, once).
-            every = self._first_states.get(choice[1])
-            if every is None:
-                every = self._first_states[choice[1]] = self._undominated(
-                    list(self._graph_moves(root, final, only=choice[1])))
-            firsts = iter(every[part[1]::part[0]])
+            states = [s for s in self._library_moves(root, final) if s.last_key == choice[1]]
+        elif final:
+            for state in self._graph_moves(root, final, only=choice[1], part=part):
+                yield from self._at_depth(state, depth)
+            return
         else:
-            firsts = self._graph_moves(root, final, only=choice[1], part=part)
+            states = [f.state for f in self.first_kernels(choice, part)]
         if final:
-            for state in firsts:
+            for state in states:
                 yield from self._at_depth(state, depth)
             return
         # Two passes over the same subtrees. First the graphs whose last kernel reads computed
         # tensors only (a merge of partial results, a division: small block spaces), then those
         # whose last kernel reads program inputs again (the large spaces, as large as a whole
         # one-kernel search). Same candidates; the cheap ones are not queued behind the costly.
-        states = self._undominated(list(firsts)) if choice[0] == "graph" else list(firsts)
-        second = part if choice[0] == "library" else (1, 0)  # a graph first kernel was split already
+        second = part if choice[0] == "library" and firsts is None else (1, 0)  # graph ones were split already
         for rereads in (False, True):
             for state in states:
                 yield from self._at_depth(state, depth, rereads, second)
+
+    def first_kernels(self, choice: FirstChoice, part: tuple[int, int] = (1, 0)) -> list[FirstKernel]:
+        """A graph choice's first kernels for deeper graphs (not the last kernel), from this part of
+        its block graphs, without those that `keep` others beat (`undominated`); kept, as deeper
+        graphs start the same way. The driver gathers every part's, cuts those beaten across parts
+        (`undominated`) and deals them out to the shards of deeper graphs."""
+        key = (choice, part)
+        if key not in self._first_kernels:
+            states = list(self._graph_moves(self.initial(), False, only=choice[1], part=part))
+            self._first_kernels[key] = self.undominated([self._ranked_first(st) for st in states])
+        return self._first_kernels[key]
 
     def _at_depth(
         self, state: KState, depth: int, rereads: bool | None = None, part: tuple[int, int] = (1, 0),
@@ -369,7 +391,13 @@ class KernelSearch:
         grown from one kernel share the object; a block graph's repr is slow)."""
         return self._texts.get(k, None, lambda: repr(k))
 
-    def _undominated(self, firsts: list[KState]) -> list[KState]:
+    def _ranked_first(self, st: KState) -> FirstKernel:
+        prefix = self._prefix(st) if self.target is not None else None
+        if prefix is None:
+            return FirstKernel(st, None, "")
+        return FirstKernel(st, self._floors(st, *prefix, st.kernels[0]), prefix[0].dumps())
+
+    def undominated(self, firsts: list[FirstKernel]) -> list[FirstKernel]:
         """The first kernels that fewer than `keep` others beat (`_beats`) among those computing
         the same values into tensors of the same shapes and chunks: tiled differently, or the
         same function by other ops (a scale applied to Q, to K or to Q K). Same values: each
@@ -379,22 +407,24 @@ class KernelSearch:
         the tensors it computes, and a graph's estimate is its first kernel's own plus the
         rest's (they share no symbol but a chunk count, compared per count), so a beaten first
         kernel leads only to graphs that rank behind `keep` others. One with no valid sizes
-        leads to no graph that can be instantiated."""
+        leads to no graph that can be instantiated. A first kernel met twice (a part of a
+        concrete search repeats the others) is kept once."""
         if self.target is None or len(firsts) <= self.keep:
             return firsts
         start = len(self.program.inputs)
-        groups: dict[tuple[Any, ...], list[tuple[KState, dict[int, float], str]]] = {}
-        for st in firsts:
-            prefix = self._prefix(st)
-            if prefix is None:
+        groups: dict[tuple[Any, ...], list[FirstKernel]] = {}
+        for f in firsts:
+            if f.floors is None:
                 continue  # its estimate is not known: never cut
-            values = tuple((self.oracle.class_of(t.ae), t.shape, t.chunk) for t in st.tensors[start:])
-            made = (values, self._fingerprint(st.kernels[0]))
-            groups.setdefault(made, []).append((st, self._floors(st, *prefix, st.kernels[0]), prefix[0].dumps()))
-        beaten = {id(b[0]) for members in groups.values() for b in members
-                  if not b[1] or sum(_beats(a[1:], b[1:]) for a in members if a is not b) >= self.keep}
-        self.pruned += len(beaten)
-        return [st for st in firsts if id(st) not in beaten]
+            values = tuple((self.oracle.class_of(t.ae), t.shape, t.chunk) for t in f.state.tensors[start:])
+            members = groups.setdefault((values, self._fingerprint(f.state.kernels[0])), [])
+            if all(m.text != f.text for m in members):
+                members.append(f)
+        kept = {id(f) for f in firsts if f.floors is None}
+        kept |= {id(b) for members in groups.values() for b in members
+                 if b.floors and sum(_beats(a, b) for a in members if a is not b) < self.keep}
+        self.pruned += len(firsts) - len(kept)
+        return [f for f in firsts if id(f) in kept]
 
     def _fingerprint(self, k: Kernel) -> tuple[bytes, ...]:
         assert isinstance(k, GraphKernel)
@@ -683,16 +713,15 @@ class KernelSearch:
         return sg
 
 
-def _beats(a: tuple[dict[int, float], str], b: tuple[dict[int, float], str]) -> bool:
-    """Does a first kernel (least estimated time per chunk count, text) lead to a better graph
-    than another computing the same tensors, whatever follows? At no chunk count is it slower,
-    and it wins the ties: by its text (graphs that tie in time are ordered by their text, which
-    differs first in the first kernel) or by being faster at every count (by more than float
-    rounding of the sums)."""
-    (fa, ta), (fb, tb) = a, b
+def _beats(a: FirstKernel, b: FirstKernel) -> bool:
+    """Does a first kernel lead to a better graph than another computing the same tensors,
+    whatever follows? At no chunk count is it slower, and it wins the ties: by its text (graphs
+    that tie in time are ordered by their text, which differs first in the first kernel) or by
+    being faster at every count (by more than float rounding of the sums)."""
+    fa, fb = a.floors or {}, b.floors or {}
     if any(c not in fa or fa[c] > fb[c] for c in fb):
         return False
-    return ta < tb or all(fa[c] * (1 + TIE) < fb[c] for c in fb)
+    return a.text < b.text or all(fa[c] * (1 + TIE) < fb[c] for c in fb)
 
 
 def _leaves(e: AE) -> set[str]:

@@ -567,14 +567,23 @@ def test_an_empty_loop_body_is_accumulated_only_over_tied_inputs():
     assert len(every) > len(graphs)
 
 
-def test_deep_graphs_in_parts_deal_out_first_kernels():
-    """From three kernels on, parts deal out the first kernel's states (the later kernels hold most
-    of the work, unevenly): together the parts produce exactly the candidates of the whole shard."""
-    program = workloads.resolve("lora:ci")
-    ks = KernelSearch(program, space_of(program), Oracle(program), SearchConfig())
-    whole = sorted(sg.dumps() for sg in ks.candidates_in(3, ("graph", (0, 1, 2))))
-    parts = [[sg.dumps() for sg in ks.candidates_in(3, ("graph", (0, 1, 2)), (3, i))] for i in range(3)]
-    assert all(parts) and sorted(itertools.chain.from_iterable(parts)) == whole
+@pytest.mark.parametrize("name", ["lora:ci", "gqa:ci"])
+def test_first_kernels_made_in_parts_and_dealt_out_give_the_whole_shard(h100, name):
+    """Split into parts, a graph choice's first kernels are made by part, cut across parts and
+    dealt out (how the driver runs deeper graphs): the same first kernels as the whole choice's,
+    and together the dealt shares produce exactly the candidates of the whole shard."""
+    program = workloads.resolve(name)
+    choice = ("graph", tuple(range(len(program.inputs))))
+    whole_ks = KernelSearch(program, space_of(program), Oracle(program), SearchConfig(), target=h100)
+    whole = sorted(sg.dumps() for sg in whole_ks.candidates_in(3, choice))
+    ks = KernelSearch(program, space_of(program), Oracle(program), SearchConfig(), target=h100)
+    by_part = [ks.first_kernels(choice, (3, i)) for i in range(3)]
+    gathered = ks.undominated([f for firsts in by_part for f in firsts])
+    assert sorted(f.text for f in gathered) == sorted(f.text for f in whole_ks.first_kernels(choice))
+    assert sum(len(firsts) for firsts in by_part) >= len(gathered) > 0
+    dealt = [tuple(f.state for f in gathered[i::3]) for i in range(3)]
+    shares = [[sg.dumps() for sg in ks.candidates_in(3, choice, (3, i), dealt[i])] for i in range(3)]
+    assert sum(map(bool, dealt)) >= 2 and whole and sorted(itertools.chain.from_iterable(shares)) == whole
 
 
 @pytest.mark.parametrize("choice", [(0, 1), (0, 1, 2)])
@@ -626,7 +635,7 @@ def test_first_kernels_computing_one_value_by_other_ops_are_compared(h100):
         value = tuple((ks.oracle.class_of(t.ae), t.shape, t.chunk) for t in st.tensors[2:])
         by_value.setdefault((value, ks._fingerprint(st.kernels[0])), set()).add(_block_ops(st.kernels[0]))
     assert max(len(ops) for ops in by_value.values()) >= 2  # one value, several ways to compute it
-    kept = ks._undominated(firsts)
+    kept = [f.state for f in ks.undominated([ks._ranked_first(st) for st in firsts])]
     assert len(kept) <= len(by_value) < len(firsts)
     _, _, every_ranked = search(10**6)
     assert min(kept_ranked) == min(every_ranked) and len(kept_ranked) < len(every_ranked)
@@ -659,6 +668,6 @@ def test_concrete_first_kernels_are_compared_at_their_fixed_chunk_counts(h100):
     program = workloads.resolve("gqa:ci")
     ks = KernelSearch(program, space_of(program), Oracle(program), SearchConfig(concrete=True), target=h100)
     firsts = list(ks._graph_moves(ks.initial(), False, only=(0, 1)))
-    kept = ks._undominated(firsts)
+    kept = [f.state for f in ks.undominated([ks._ranked_first(st) for st in firsts])]
     assert any(t.chunk is not None for st in kept for t in st.tensors)
     assert 0 < len(kept) < len(firsts)
