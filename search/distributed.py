@@ -1,14 +1,15 @@
 """Distributed search on Ray: a depth's shards run as Ray tasks; the driver merges their results.
 
 Each task runs one shard (`superopt.search.driver.Shard`): a part of the loop bodies of a first
-kernel's block space (walked first, in parts), or the first kernel's choice and a part of its
-block graphs, given the loop bodies of that part (which also returns that part's first kernels
-of deeper graphs), or a share of those first kernels, dealt out. A worker process keeps one `Searcher` per job —
-the oracle is saturated once and the memoized block graphs are reused by every shard of that job
-the worker runs. Shards are submitted two per worker ahead, each made with the proofs merged so
-far. Results merge in a total order, so 1 and N workers return the same verified set and winner. A worker that dies
-mid-shard costs a retry (Ray re-runs the task, `max_retries`); a shard that raises fails the search
-with its error (`ShardFailed` names the shard), never silently.
+kernel's block space (walked first, one part per worker: a walk's parts are uneven, and more of
+them repeat more of its first levels), or the first kernel's choice and a part of its block graphs,
+given the loop bodies of that part (which also returns that part's first kernels of deeper graphs),
+or a share of those first kernels, dealt out. A worker process keeps one `Searcher` per job — the
+oracle is saturated once and the memoized block graphs are reused by every shard of that job the
+worker runs. Shards are submitted two per worker ahead, each made with the proofs merged so far.
+Results merge in a total order, so 1 and N workers return the same verified set and winner. A
+worker that dies mid-shard costs a retry (Ray re-runs the task, `max_retries`); a shard that raises
+fails the search with its error (`ShardFailed` names the shard), never silently.
 
 Ray starts locally on demand (dashboard off, `num_cpus` = workers) unless an address is given
 (`ray start --head` elsewhere, then `--ray-address HOST:PORT` or `auto`). A job that is small by an
@@ -31,7 +32,7 @@ from superopt.search.space import space_of
 from superopt.targets import Target
 
 SMALL_JOB = 6  # block ops x program inputs at or below which Ray is not worth starting
-PARTS_PER_WORKER = 2  # parts per first-kernel choice and worker (gqa, 2 workers: 2 or 4 give 1.46x, 8 1.31x)
+PARTS_PER_WORKER = 2  # a first kernel's block graphs in parts per worker, taken as workers free up (parts are uneven)
 IN_FLIGHT_PER_WORKER = 2  # shards submitted ahead per worker: one running, one queued
 FAULT_KILL_ONCE = "SUPEROPT_FAULT_KILL_ONCE"  # test equipment: a file path; see _maybe_die
 
@@ -84,7 +85,8 @@ def run_distributed(
 
     stats = SearchStats(symbolic=not config.concrete, workers=workers, executor="ray")
     return run_search(program, target, config, budget_s=budget_s, max_states=max_states, progress=progress,
-                      executor=executor, parts=workers * PARTS_PER_WORKER, stats=stats, contenders=contenders)
+                      executor=executor, parts=workers * PARTS_PER_WORKER, walk_parts=workers, stats=stats,
+                      contenders=contenders)
 
 
 def _ray(workers: int, address: str | None) -> Any:

@@ -218,11 +218,12 @@ Executor = Callable[[Iterator[Shard], float, "int | None"], Iterable[ShardResult
 def run_search(
     program: Program, target: Target, config: SearchConfig, *, budget_s: float | None = None,
     max_states: int | None = None, progress: Progress | None = None, executor: Executor | None = None,
-    parts: int = 1, stats: SearchStats | None = None, contenders: int = 1,
+    parts: int = 1, walk_parts: int | None = None, stats: SearchStats | None = None, contenders: int = 1,
 ) -> Outcome:
     """Search depth by depth; `executor` runs each depth's shards (default: in this process),
     `parts` splits every shard's first block space that many ways (for more, smaller shards),
-    `contenders` best candidates are verified (the others only as far as they rank ahead)."""
+    `walk_parts` (default `parts`) the walk of its loop bodies, `contenders` best candidates are
+    verified (the others only as far as they rank ahead)."""
     t0 = time.monotonic()
     stats = stats or SearchStats(symbolic=not config.concrete)
     deadline = time.time() + budget_s if budget_s else float("inf")
@@ -340,7 +341,8 @@ def run_search(
             # each graph shard those of its part.
             todo = [c for c in choices if c[0] == "graph" and (c, 0) not in walked and c not in dealt]
             found_bodies: dict[FirstChoice, list[Body]] = {c: [] for c in todo}
-            for result in run((Shard(depth, c, (parts, i), walk=True) for c in todo for i in range(parts)),
+            walks = walk_parts or parts
+            for result in run((Shard(depth, c, (walks, i), walk=True) for c in todo for i in range(walks)),
                               deadline, None if max_states is None else max_states - stats.states):
                 merge(result)
                 found_bodies[result.shard.choice] += result.bodies
