@@ -14,7 +14,8 @@ expression equal to the output's, and every kernel contributes to those outputs.
 explored by iterative deepening on the number of kernels, so the search is anytime: schedules with
 fewer launches are found first. Within a depth, first kernels over more inputs come first (fusion
 first), and each shard walks its subtree twice: graphs whose last kernel only combines computed
-tensors, then those whose last kernel reads program inputs again (see `candidates_in`).
+tensors, then those whose last kernel reads program inputs again; from three kernels on, all that
+first with a library second kernel, then with a graph-defined one (see `candidates_in`).
 """
 
 from __future__ import annotations
@@ -250,10 +251,14 @@ class KernelSearch:
         # tensors only (a merge of partial results, a division: small block spaces), then those
         # whose last kernel reads program inputs again (the large spaces, as large as a whole
         # one-kernel search). Same candidates; the cheap ones are not queued behind the costly.
+        # From three kernels on, the same again for a second kernel that is a library op (a few
+        # moves), then a graph kernel (whole block spaces, one per first kernel): a graph of
+        # cheap middle kernels that wins tightens the bound before the costly ones are generated.
         second = part if choice[0] == "library" and firsts is None else (1, 0)  # graph ones were split already
-        for rereads in (False, True):
-            for state in states:
-                yield from self._at_depth(state, depth, rereads, second)
+        for middle in ("library", "graph") if depth >= 3 else (None,):
+            for rereads in (False, True):
+                for state in states:
+                    yield from self._at_depth(state, depth, rereads, second, middle)
 
     def first_kernels(self, choice: FirstChoice, part: tuple[int, int] = (1, 0)) -> list[FirstKernel]:
         """A graph choice's first kernels for deeper graphs (not the last kernel), from this part of
@@ -268,9 +273,11 @@ class KernelSearch:
 
     def _at_depth(
         self, state: KState, depth: int, rereads: bool | None = None, part: tuple[int, int] = (1, 0),
+        middle: str | None = None,
     ) -> Iterator[SGraph]:
         """Candidates of `depth` kernels grown from `state`; `part` splits the next kernel's moves
-        (a library first kernel's shard is split at its second kernel)."""
+        (a library first kernel's shard is split at its second kernel); `middle` ("library" or
+        "graph") keeps second kernels of that kind when the second is not the last."""
         self.states += 1
         self._tick()
         left = depth - len(state.kernels)
@@ -291,20 +298,24 @@ class KernelSearch:
             self.pruned += 1
             return
         final = len(state.kernels) == depth - 1
-        for nxt in self.moves(state, final=final, rereads=rereads if final else None, part=part):
+        kind = middle if len(state.kernels) == 1 and not final else None
+        for nxt in self.moves(state, final=final, rereads=rereads if final else None, part=part, kind=kind):
             yield from self._at_depth(nxt, depth, rereads)
 
     def moves(
         self, s: KState, final: bool = False, rereads: bool | None = None, part: tuple[int, int] = (1, 0),
+        kind: str | None = None,
     ) -> Iterator[KState]:
         """Successor states. For the last kernel of a depth, only kernels that complete the
         program's outputs are worth building: their new tensors must match what is missing.
         `rereads` (last kernel only) keeps the kernels that do (True) or do not (False) read a
         program input; None keeps both. `part` = (parts, index) keeps this part's share: the
-        library kernels go to the first part, graph-defined ones by their block graphs."""
-        if part[1] == 0:
+        library kernels go to the first part, graph-defined ones by their block graphs. `kind`
+        ("library" or "graph") keeps kernels of that kind only."""
+        if part[1] == 0 and kind != "graph":
             yield from self._library_moves(s, final, rereads)
-        yield from self._graph_moves(s, final, part=part, rereads=rereads)
+        if kind != "library":
+            yield from self._graph_moves(s, final, part=part, rereads=rereads)
 
     def _bytes(self, t: KTensor) -> float:
         """The fewest bytes tensor `t` can have (a chunked dim counts one chunk)."""

@@ -567,6 +567,19 @@ def test_an_empty_loop_body_is_accumulated_only_over_tied_inputs():
     assert len(every) > len(graphs)
 
 
+def test_three_kernel_graphs_with_a_library_middle_kernel_come_first(h100):
+    """From three kernels on, graphs whose second kernel is a library op (a few moves) come
+    before those whose second kernel is graph-defined (a block space per first kernel): a cheap
+    winner found early tightens the bound for the costly ones. Same candidates, each once."""
+    program = workloads.resolve("gqa:ci")
+    ks = KernelSearch(program, space_of(program), Oracle(program), SearchConfig(), target=h100)
+    candidates = list(ks.candidates_in(3, ("graph", (0, 1))))
+    kinds = [type(sg.kernels[1]).__name__ for sg in candidates]
+    assert kinds.count("LibraryKernel") >= 2 and kinds.count("GraphKernel") >= 2
+    assert kinds == sorted(kinds, key=lambda kind: kind != "LibraryKernel")
+    assert len({sg.dumps() for sg in candidates}) == len(candidates)
+
+
 @pytest.mark.parametrize("name", ["lora:ci", "gqa:ci"])
 def test_first_kernels_made_in_parts_and_dealt_out_give_the_whole_shard(h100, name):
     """Split into parts, a graph choice's first kernels are made by part, cut across parts and
