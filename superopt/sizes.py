@@ -274,8 +274,13 @@ def compile_sizes(sizes: Sequence[Size]) -> Callable[[Mapping[str, Any]], tuple[
     (SizeError on a missing symbol or a fraction), for int values or for numpy int64 arrays of
     values (one element per assignment). The cost model evaluates the same few dozen tile sizes
     for hundreds of thousands of assignments: generated arithmetic over whole columns does that
-    without a Python step per assignment."""
+    without a Python step per assignment. Kept per list of sizes: the first kernels of a search
+    are many block graphs over the same tilings, each kernel a new object with the same sizes."""
+    return _compiled_sizes(tuple(sizes))
 
+
+@lru_cache(maxsize=4096)
+def _compiled_sizes(sizes: tuple[Size, ...]) -> Callable[[Mapping[str, Any]], tuple[Any, ...]]:
     def exact(num: Any, den: Any, i: int) -> Any:
         q, r = divmod(num, den)
         if np.any(r):
