@@ -18,6 +18,7 @@ estimate (few program ops and inputs) runs in-process: starting Ray costs second
 
 from __future__ import annotations
 
+import gc
 import os
 import uuid
 from collections.abc import Iterator
@@ -27,7 +28,7 @@ from typing import Any
 from superopt.config import SearchConfig
 from superopt.program import Program
 from superopt.result import SearchStats
-from superopt.search.driver import Outcome, Progress, Searcher, Shard, ShardResult, run_search
+from superopt.search.driver import Outcome, Progress, Searcher, Shard, ShardResult, rare_full_collections, run_search
 from superopt.search.space import space_of
 from superopt.targets import Target
 
@@ -117,7 +118,10 @@ def _run_shard(
     """Run one shard in a Ray worker, reusing this process's Searcher for the job."""
     searcher = _SEARCHERS.get(job)
     if searcher is None:
-        _SEARCHERS.clear()  # one job at a time per worker process: keep memory bounded
+        if _SEARCHERS:  # one job at a time per worker process: keep memory bounded
+            _SEARCHERS.clear()
+            gc.collect()  # the last job's search is cyclic garbage, and full collections are rare here
+        rare_full_collections()  # for good: this process keeps a search's memo between its shards
         searcher = _SEARCHERS[job] = Searcher(Program.from_json(program_json), target, config)
     _maybe_die(fault_file, shard)
     return searcher.run(shard, deadline, max_states)
