@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import itertools
 import json
 from dataclasses import replace
@@ -15,7 +16,7 @@ from superopt.build import SGraphBuilder
 from superopt.cli import app
 from superopt.config import SearchConfig
 from superopt.search.block import Generator, InputSpec
-from superopt.search.driver import run_search
+from superopt.search.driver import FULL_COLLECTION_AFTER, run_search
 from superopt.search.fingerprint import fingerprint, random_inputs
 from superopt.search.instantiation import rank
 from superopt.search.kernel import KernelSearch
@@ -684,3 +685,22 @@ def test_concrete_first_kernels_are_compared_at_their_fixed_chunk_counts(h100):
     kept = [f.state for f in ks.undominated([ks._ranked_first(st) for st in firsts])]
     assert any(t.chunk is not None for st in kept for t in st.tensors)
     assert 0 < len(kept) < len(firsts)
+
+
+def test_full_collections_are_rare_while_searching_and_as_before_afterwards(h100):
+    """A search keeps a large memo of long-lived objects: while it runs, a full garbage collection
+    waits for FULL_COLLECTION_AFTER middle-generation ones; the process's thresholds are restored
+    when it returns, also when it ends by an error."""
+    before = gc.get_threshold()
+    during: list[int] = []
+    run_search(workloads.resolve("lora:ci"), h100, SearchConfig(),
+               progress=lambda _: during.append(gc.get_threshold()[2]))
+    assert during and min(during) == max(before[2], FULL_COLLECTION_AFTER) > before[2]
+    assert gc.get_threshold() == before
+
+    def fail(_: dict) -> None:
+        raise RuntimeError("stop")
+
+    with pytest.raises(RuntimeError, match="stop"):
+        run_search(workloads.resolve("lora:ci"), h100, SearchConfig(), progress=fail)
+    assert gc.get_threshold() == before
