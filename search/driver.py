@@ -343,6 +343,7 @@ def run_search(
     # generated its block graphs (by part, `Shard.deeper`), then gathered here and dealt out.
     dealt: dict[FirstChoice, list[KState]] = {}
     local.search.keep = contenders
+
     def shards_of(depth: int, choice: FirstChoice) -> Iterator[Shard]:
         """A choice's shards, each made with the best proved when it is taken: its dealt first
         kernels in `parts` shares, or its parts (a library choice splits only when its second

@@ -403,6 +403,7 @@ class KernelSearch:
         return self._texts.get(k, None, lambda: repr(k))
 
     def _ranked_first(self, st: KState) -> FirstKernel:
+        """`st` with what ranks it among the first kernels computing the same values."""
         prefix = self._prefix(st) if self.target is not None else None
         if prefix is None:
             return FirstKernel(st, None, "")
@@ -418,8 +419,8 @@ class KernelSearch:
         the tensors it computes, and a graph's estimate is its first kernel's own plus the
         rest's (they share no symbol but a chunk count, compared per count), so a beaten first
         kernel leads only to graphs that rank behind `keep` others. One with no valid sizes
-        leads to no graph that can be instantiated. A first kernel met twice (a part of a
-        concrete search repeats the others) is kept once."""
+        leads to no graph that can be instantiated. A first kernel met twice with a known
+        estimate (a part of a concrete search repeats the others) is kept once."""
         if self.target is None or len(firsts) <= self.keep:
             return firsts
         start = len(self.program.inputs)
