@@ -1,7 +1,7 @@
 """Search time with the in-process executor, 1 Ray worker and 2 Ray workers, in one run.
 
 For one workload (default: rmsnorm_mlp at its published shape, the slowest search that completes,
-about 6 s in one process over two depths; qknorm_gqa does not complete within a budget, which
+about 5 s in one process over two depths; qknorm_gqa does not complete within a budget, which
 would time the budget): the search
 is repeated `--repeat` times per executor and the median reported, with the speedup 1 -> 2
 workers, and Ray's fixed costs: starting a local cluster, and the extra time a tiny job takes
