@@ -47,7 +47,7 @@ from superopt.program import Program
 from superopt.result import SearchStats, Verdict
 from superopt.search.block import Body
 from superopt.search.instantiation import Ranked, rank
-from superopt.search.kernel import BudgetExhausted, FirstChoice, FirstKernel, KernelSearch, KState
+from superopt.search.kernel import MIDDLES, BudgetExhausted, FirstChoice, FirstKernel, KernelSearch, KState
 from superopt.search.space import space_of
 from superopt.sgraph import SGraph
 from superopt.targets import Target
@@ -103,6 +103,7 @@ class Shard:
     bodies: tuple[Body, ...] | None = None  # the first kernel's loop bodies of this part, walked beforehand
     deeper: bool = False  # also return this part's first kernels of deeper graphs (`KernelSearch.first_kernels`)
     firsts: tuple[KState, ...] | None = None  # first kernels dealt out to this shard (instead of its part)
+    middle: str | None = None  # from three kernels on: the kind of second kernel (`KernelSearch.candidates_in`)
 
 
 @dataclass
@@ -196,7 +197,7 @@ class Searcher:
             if shard.bodies is not None:
                 ks.adopt_bodies(shard.choice, shard.bodies, shard.part)
             limit = bound()
-            for cand in ks.candidates_in(shard.depth, shard.choice, shard.part, shard.firsts):
+            for cand in ks.candidates_in(shard.depth, shard.choice, shard.part, shard.firsts, shard.middle):
                 n = len(verified)
                 self.consider(cand, verified, rejected, dominated, limit, deferred)
                 if len(verified) > n:
@@ -344,21 +345,22 @@ def run_search(
     dealt: dict[FirstChoice, list[KState]] = {}
     local.search.keep = contenders
 
-    def shards_of(depth: int, choice: FirstChoice) -> Iterator[Shard]:
+    def shards_of(depth: int, choice: FirstChoice, middle: str | None) -> Iterator[Shard]:
         """A choice's shards, each made with the best proved when it is taken: its dealt first
         kernels in `parts` shares, or its parts (a library choice splits only when its second
-        kernel is the last)."""
+        kernel is the last); from three kernels on, those with a `middle` second kernel."""
         def best() -> tuple[Key, ...]:
             return tuple(sorted(v.sort_key() for v in outcome.verified)[:contenders])
 
         if choice in dealt:
             for i in range(parts):
                 if firsts := tuple(dealt[choice][i::parts]):
-                    yield Shard(depth, choice, (parts, i), best(), contenders, firsts=firsts)
+                    yield Shard(depth, choice, (parts, i), best(), contenders, firsts=firsts, middle=middle)
             return
-        deeper = parts > 1 and depth < config.max_kernel_ops and choice[0] == "graph"
+        deeper = parts > 1 and depth < config.max_kernel_ops and choice[0] == "graph" and middle != "graph"
         for i in range(parts if choice[0] == "graph" or depth == 2 else 1):
-            yield Shard(depth, choice, (parts, i), best(), contenders, bodies=walked.get((choice, i)), deeper=deeper)
+            yield Shard(depth, choice, (parts, i), best(), contenders, bodies=walked.get((choice, i)), deeper=deeper,
+                        middle=middle)
 
     floor_s = costmodel.floor(program, target).time_s
     for depth in range(1, config.max_kernel_ops + 1):
@@ -390,7 +392,10 @@ def run_search(
         # second kernel is the last (its block space is the work; split deeper, the parts would
         # each search the same last kernels again).
         order = sorted(choices, key=lambda c: c[0] == "graph") if parts > 1 else choices
-        shards = (shard for choice in order for shard in shards_of(depth, choice))
+        # From three kernels on, every choice's graphs with a library second kernel come first
+        # (a few moves each), then those with a graph-defined one (a block space per first kernel).
+        shards = (shard for middle in (MIDDLES if depth >= 3 else (None,))
+                  for choice in order for shard in shards_of(depth, choice, middle))
         gathered: dict[FirstChoice, list[tuple[int, list[FirstKernel]]]] = {}
         bounded = False
         for result in run(shards, deadline, None if max_states is None else max_states - stats.states):

@@ -84,6 +84,7 @@ class FirstKernel:
 Sink = tuple[AE, tuple[Size, ...], tuple[int, ...]]  # a block output: expression, full shape, program dim classes
 FirstChoice = tuple[str, Any]  # ("library", move key) | ("graph", input tensor indices)
 TIE = 1e-9  # relative difference of estimates below which two are the same (float sums differ in order)
+MIDDLES = ("library", "graph")  # kinds of second kernel, in the order graphs of 3+ kernels are grown
 BLOCK_CACHE_ENTRIES = 256  # input combinations whose block graphs are kept (least recently used go)
 
 
@@ -221,12 +222,14 @@ class KernelSearch:
 
     def candidates_in(
         self, depth: int, choice: FirstChoice, part: tuple[int, int] = (1, 0), firsts: Sequence[KState] | None = None,
+        middle: str | None = None,
     ) -> Iterator[SGraph]:
         """Candidates of `depth` kernels whose first kernel is `choice`; `part` splits the first
         kernel's block graphs among workers (see Generator.complete_graphs), or after a library
         first kernel the second kernel's. `firsts` (a graph choice of more than one kernel) are
         first kernels dealt out by the driver (`first_kernels`, undominated across every part):
-        grown instead of generating the first kernel's block graphs."""
+        grown instead of generating the first kernel's block graphs. `middle` ("library" or
+        "graph", from three kernels on) keeps the graphs whose second kernel is of that kind."""
         root = self.initial()
         self.states += 1
         self._tick()
@@ -255,10 +258,10 @@ class KernelSearch:
         # moves), then a graph kernel (whole block spaces, one per first kernel): a graph of
         # cheap middle kernels that wins tightens the bound before the costly ones are generated.
         second = part if choice[0] == "library" and firsts is None else (1, 0)  # graph ones were split already
-        for middle in ("library", "graph") if depth >= 3 else (None,):
+        for kind in MIDDLES if depth >= 3 and middle is None else (middle,):
             for rereads in (False, True):
                 for state in states:
-                    yield from self._at_depth(state, depth, rereads, second, middle)
+                    yield from self._at_depth(state, depth, rereads, second, kind)
 
     def first_kernels(self, choice: FirstChoice, part: tuple[int, int] = (1, 0)) -> list[FirstKernel]:
         """A graph choice's first kernels for deeper graphs (not the last kernel), from this part of

@@ -16,7 +16,7 @@ from superopt.build import SGraphBuilder
 from superopt.cli import app
 from superopt.config import SearchConfig
 from superopt.search.block import Generator, InputSpec
-from superopt.search.driver import FULL_COLLECTION_AFTER, run_search
+from superopt.search.driver import FULL_COLLECTION_AFTER, Searcher, run_search
 from superopt.search.fingerprint import fingerprint, random_inputs
 from superopt.search.instantiation import rank
 from superopt.search.kernel import KernelSearch
@@ -579,6 +579,27 @@ def test_three_kernel_graphs_with_a_library_middle_kernel_come_first(h100):
     assert kinds.count("LibraryKernel") >= 2 and kinds.count("GraphKernel") >= 2
     assert kinds == sorted(kinds, key=lambda kind: kind != "LibraryKernel")
     assert len({sg.dumps() for sg in candidates}) == len(candidates)
+
+
+def test_every_choice_tries_library_middle_kernels_before_graph_ones(h100):
+    """From three kernels on, the driver runs every first-kernel choice's shard of graphs with a
+    library second kernel before any shard with a graph-defined one (each such shard's work is a
+    block space per first kernel, and a budget may end inside one), with the same winner."""
+    program = workloads.resolve("gqa:prism-2x8x1x1024x128")  # its winner has three kernels
+    searcher = Searcher(program, h100, SearchConfig())
+    taken: list[tuple[int, str | None]] = []
+
+    def recording(shards, deadline, states_left):
+        for shard in shards:
+            taken.append((shard.depth, shard.middle))
+            yield searcher.run(shard, deadline, states_left)
+
+    outcome = run_search(program, h100, SearchConfig(), executor=recording)
+    deep = [middle for depth, middle in taken if depth == 3]
+    assert deep.count("library") >= 2 and deep.count("graph") >= 2
+    assert deep == sorted(deep, key=lambda middle: middle != "library")
+    assert all(middle is None for depth, middle in taken if depth < 3)
+    assert outcome.best.sgraph.dumps() == run_search(program, h100, SearchConfig()).best.sgraph.dumps()
 
 
 @pytest.mark.parametrize("name", ["lora:ci", "gqa:ci"])
