@@ -1,10 +1,11 @@
 """Distributed search on Ray: a depth's shards run as Ray tasks; the driver merges their results.
 
-Each task runs one shard (`superopt.search.driver.Shard`): a part of the loop bodies of a first
-kernel's block space (walked first, one part per worker: a walk's parts are uneven, and more of
-them repeat more of its first levels), or the first kernel's choice and a part of its block graphs,
-given the loop bodies of that part (which also returns that part's first kernels of deeper graphs),
-or a share of those first kernels, dealt out. A worker process keeps one `Searcher` per job — the
+Each task runs one shard (`superopt.search.driver.Shard`): the last depth's tied candidates to
+prove (`settle`), a part of the loop bodies of a first kernel's block space (walked first, one
+part per worker: a walk's parts are uneven, and more of them repeat more of its first levels), or
+the first kernel's choice and a part of its block graphs, given the loop bodies of that part
+(which also returns that part's first kernels of deeper graphs), or a share of those first
+kernels, dealt out. A worker process keeps one `Searcher` per job — the
 oracle is saturated once and the memoized block graphs are reused by every shard of that job the
 worker runs. Shards are submitted two per worker ahead, each made with the proofs merged so far.
 Results merge in a total order, so 1 and N workers return the same verified set and winner. A
@@ -102,6 +103,8 @@ def _ray(workers: int, address: str | None) -> Any:
 
 
 def _describe(shard: Shard) -> str:
+    if shard.settle:
+        return f"proving {len(shard.settle)} tied candidates of depth {shard.depth - 1}"
     kind, what = shard.choice
     parts = f", part {shard.part[1] + 1}/{shard.part[0]}" if shard.part[0] > 1 else ""
     walk = " (loop bodies)" if shard.walk else ""

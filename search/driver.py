@@ -37,6 +37,7 @@ import resource
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field, replace
+from itertools import chain
 from typing import Any, ParamSpec, TypeVar
 
 from superopt import costmodel
@@ -104,6 +105,7 @@ class Shard:
     deeper: bool = False  # also return this part's first kernels of deeper graphs (`KernelSearch.first_kernels`)
     firsts: tuple[KState, ...] | None = None  # first kernels dealt out to this shard (instead of its part)
     middle: str | None = None  # from three kernels on: the kind of second kernel (`KernelSearch.candidates_in`)
+    settle: tuple[tuple[Key, SGraph], ...] = ()  # tied candidates to prove instead, best first (see run_search)
 
 
 @dataclass
@@ -172,6 +174,8 @@ class Searcher:
         return Verified(sg, verdict, ranked) if verdict.proved else _why(verdict)
 
     def run(self, shard: Shard, deadline: float, max_states: int | None) -> ShardResult:
+        if shard.settle:
+            return self._settle(shard)
         ks = self.search
         states0, pruned0, bounded0 = ks.total_states, ks.total_pruned, ks.bounded
         ks.deadline = deadline
@@ -213,6 +217,21 @@ class Searcher:
         shard = replace(shard, bodies=None, firsts=None)  # the driver has them: not sent back
         return ShardResult(shard, verified, rejected, ks.total_states - states0, ks.total_pruned - pruned0, exhausted,
                            dominated, deferred, ks.bounded - bounded0, firsts=firsts)
+
+    def _settle(self, shard: Shard) -> ShardResult:
+        """Prove the shard's tied candidates, best first, until `keep` of the best known are proved;
+        those not reached go back (`deferred`)."""
+        best = sorted(shard.contenders)[:shard.keep]
+        verified: list[Verified] = []
+        rejected: list[tuple[str, str]] = []
+        left = list(shard.settle)
+        while left and not (len(best) == shard.keep and left[0][0] >= best[-1]):
+            key, sg = left.pop(0)
+            n = len(verified)
+            self.consider(sg, verified, rejected)
+            if len(verified) > n:
+                best = sorted([*best, key])[:shard.keep]
+        return ShardResult(replace(shard, settle=()), verified, rejected, 0, 0, False, deferred=left)
 
 
 def rare_full_collections() -> tuple[int, int, int]:
@@ -312,22 +331,43 @@ def run_search(
             tied.setdefault(key[2], (key, sg))
         stats.budget_exhausted |= result.exhausted
 
+    def best_keys() -> tuple[Key, ...]:
+        return tuple(sorted(v.sort_key() for v in outcome.verified)[:contenders])
+
+    def waiting() -> list[tuple[Key, SGraph]]:
+        """Deferred candidates that rank ahead of the `contenders`-th best proved, best first."""
+        proved = sorted(v.sort_key() for v in outcome.verified)
+        cut = proved[contenders - 1] if len(proved) >= contenders else None
+        return sorted((e for e in tied.values() if (cut is None or e[0] < cut) and e[0][2] not in seen),
+                      key=lambda e: e[0])
+
     def settle() -> None:
         """Verify deferred candidates, best first, until the best `contenders` are all proved.
         Shards defer a candidate that ties the proved one it must beat in time and kernel count
         (it would win only by its text): shards find such ties in an order of their own, and
         proving each tie as found would repeat proofs across shards; one proof here usually does."""
-        while True:
-            proved = sorted(v.sort_key() for v in outcome.verified)
-            cut = proved[contenders - 1] if len(proved) >= contenders else None
-            waiting = sorted(key for key, _ in tied.values() if (cut is None or key < cut) and key[2] not in seen)
-            if not waiting:
-                return
-            _, sg = tied.pop(waiting[0][2])
-            settled: list[Verified] = []
-            rejected: list[tuple[str, str]] = []
-            local.consider(sg, settled, rejected)
-            merge(ShardResult(Shard(0, ("settle", None)), settled, rejected, 0, 0, False))
+        while shard := settle_shard(0):
+            merge(local.run(shard, deadline, None))
+
+    def settle_shard(depth: int) -> Shard | None:
+        """The waiting ties, taken out of `tied` (those not reached come back deferred)."""
+        entries = waiting()
+        if not entries:
+            return None
+        for key, _ in entries:
+            tied.pop(key[2])
+        return Shard(depth, ("settle", None), contenders=best_keys(), keep=contenders, settle=tuple(entries))
+
+    unsettled = [False]  # a finished depth's ties are not settled yet
+
+    def settle_shards(depth: int) -> Iterator[Shard]:
+        """The finished depth's ties as one shard, for an executor to prove while it runs the next
+        depth's first shards (loop-body walks, which no bound changes): shards made meanwhile
+        carry a bound that is not settled yet, which only defers more ties (a tie's key is behind
+        the one it ties); `settle` at the end proves whatever is still waiting."""
+        if unsettled[0] and (shard := settle_shard(depth)):
+            yield shard
+        unsettled[0] = False
 
     baseline: list[Verified] = []
     local.consider(unfused_baseline(program), baseline, outcome.rejected)
@@ -349,18 +389,15 @@ def run_search(
         """A choice's shards, each made with the best proved when it is taken: its dealt first
         kernels in `parts` shares, or its parts (a library choice splits only when its second
         kernel is the last); from three kernels on, those with a `middle` second kernel."""
-        def best() -> tuple[Key, ...]:
-            return tuple(sorted(v.sort_key() for v in outcome.verified)[:contenders])
-
         if choice in dealt:
             for i in range(parts):
                 if firsts := tuple(dealt[choice][i::parts]):
-                    yield Shard(depth, choice, (parts, i), best(), contenders, firsts=firsts, middle=middle)
+                    yield Shard(depth, choice, (parts, i), best_keys(), contenders, firsts=firsts, middle=middle)
             return
         deeper = parts > 1 and depth < config.max_kernel_ops and choice[0] == "graph" and middle != "graph"
         for i in range(parts if choice[0] == "graph" or depth == 2 else 1):
-            yield Shard(depth, choice, (parts, i), best(), contenders, bodies=walked.get((choice, i)), deeper=deeper,
-                        middle=middle)
+            yield Shard(depth, choice, (parts, i), best_keys(), contenders, bodies=walked.get((choice, i)),
+                        deeper=deeper, middle=middle)
 
     floor_s = costmodel.floor(program, target).time_s
     for depth in range(1, config.max_kernel_ops + 1):
@@ -377,15 +414,20 @@ def run_search(
             todo = [c for c in choices if c[0] == "graph" and (c, 0) not in walked and c not in dealt]
             found_bodies: dict[FirstChoice, list[Body]] = {c: [] for c in todo}
             walks = walk_parts or parts
-            for result in run((Shard(depth, c, (walks, i), walk=True) for c in todo for i in range(walks)),
-                              deadline, None if max_states is None else max_states - stats.states):
+            shards = chain(settle_shards(depth), (Shard(depth, c, (walks, i), walk=True) for c in todo
+                                                  for i in range(walks)))
+            for result in run(shards, deadline, None if max_states is None else max_states - stats.states):
                 merge(result)
-                found_bodies[result.shard.choice] += result.bodies
+                if result.shard.walk:
+                    found_bodies[result.shard.choice] += result.bodies
             if stats.budget_exhausted:
                 break
             for c, bodies in found_bodies.items():  # each graph shard gets the bodies of its part
                 for i in range(parts):
                     walked[c, i] = tuple(b for b in bodies if b[1] % parts == i)
+        if unsettled[0]:  # no walks ran: settled here
+            unsettled[0] = False
+            settle()
         # Each shard is made when the executor takes it, with the best proved by then: shards
         # that start later verify less. Split among workers, library first kernels go first: long
         # work should not start last. A library first kernel's shard is split only when the
@@ -409,10 +451,11 @@ def run_search(
         for choice, by_part in gathered.items():  # beaten across parts too, in a fixed order
             union = [f for _, firsts in sorted(by_part, key=lambda p: p[0]) for f in firsts]
             dealt[choice] = [f.state for f in local.search.undominated(union)]
-        settle()
+        unsettled[0] = True
         if stats.generic_depth == stats.depth and not bounded:
             stats.generic_depth = depth  # every graph of this many kernels was generated: for any shape
         stats.depth = depth
+    settle()
     unproved.update((text, sg) for text, (_, sg) in tied.items() if text not in unproved)
     _keep_contenders(outcome, unproved, contenders)
     stats.seconds = time.monotonic() - t0

@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 from superopt import Program, workloads
 from superopt.api import optimize
-from superopt.build import SGraphBuilder
+from superopt.build import SGraphBuilder, unfused_baseline
 from superopt.cli import app
 from superopt.config import SearchConfig
 from superopt.search.block import Generator, InputSpec
@@ -546,6 +546,54 @@ def test_a_search_in_parts_returns_what_one_walk_does(h100, monkeypatch):
     assert sorted(v.sgraph.dumps() for v in split.verified) == sorted(v.sgraph.dumps() for v in whole.verified)
     assert split.best.sgraph.dumps() == whole.best.sgraph.dumps()
     assert deferred and all(key[:2] == split.best.sort_key()[:2] for key, _ in deferred)
+
+
+def test_a_depths_ties_are_proved_as_a_shard_taken_with_the_next_depths_walks(h100):
+    """Split into parts, the ties a depth deferred go out as one shard, taken just before the
+    next depth's loop-body walks (which no bound changes): a parallel executor proves them while
+    its workers walk, instead of idling while the driver does. rmsnorm_mlp's winner is such a
+    tie: one-kernel schedules as fast as it, ahead of it only by their text."""
+    program = workloads.resolve("rmsnorm_mlp")  # its search goes on to two kernels
+    searcher = Searcher(program, h100, SearchConfig())
+    taken: list = []
+
+    def recording(shards, deadline, states_left):
+        for shard in shards:
+            result = searcher.run(shard, deadline, states_left)
+            taken.append((shard, result))
+            yield result
+
+    outcome = run_search(program, h100, SearchConfig(), executor=recording, parts=2)
+    settling = [n for n, (shard, _) in enumerate(taken) if shard.settle]
+    assert len(settling) == 1 and outcome.stats.depth == 2
+    shard, result = taken[settling[0]]
+    assert shard.depth == 2 and {s.depth for s, _ in taken[: settling[0]]} == {1}
+    assert taken[settling[0] + 1][0].walk and taken[settling[0] + 1][0].depth == 2
+    assert len(shard.settle) > 1 and [key for key, _ in shard.settle] == sorted(key for key, _ in shard.settle)
+    assert [v.sgraph.dumps() for v in result.verified] == [outcome.best.sgraph.dumps()]
+    assert outcome.best.verdict.proved
+
+
+def test_a_settle_shard_proves_ties_best_first_until_enough_are_proved(h100):
+    """A settle shard proves its tied candidates in key order: a refuted one is rejected, the
+    next is proved, and with `keep` proved the rest go back deferred, unverified."""
+    from superopt.mutations import mutants
+    from superopt.search.driver import Shard
+
+    program, reference = workloads.reference_for("rmsnorm_matmul:ci")
+    wrong = next(sg for why, sg in mutants(reference, program) if why.endswith("square -> exp"))
+    unfused = unfused_baseline(program)
+    searcher = Searcher(program, h100, SearchConfig())
+    ties = ((1.0, 1, "a"), wrong), ((1.0, 1, "b"), reference), ((1.0, 1, "c"), unfused)
+    result = searcher.run(Shard(2, ("settle", None), keep=1, settle=ties), float("inf"), None)
+    assert [v.sgraph.dumps() for v in result.verified] == [reference.dumps()]
+    assert [name for name, _ in result.rejected] == [wrong.name]
+    assert [(key, sg.dumps()) for key, sg in result.deferred] == [((1.0, 1, "c"), unfused.dumps())]
+    assert result.shard.settle == ()  # not sent back
+    # One already proved ahead of them all: nothing to prove.
+    ahead = searcher.run(Shard(2, ("settle", None), contenders=((0.5, 1, "z"),), keep=1, settle=ties),
+                         float("inf"), None)
+    assert not ahead.verified and not ahead.rejected and len(ahead.deferred) == 3
 
 
 def test_an_empty_loop_body_is_accumulated_only_over_tied_inputs():
