@@ -302,23 +302,26 @@ class KernelSearch:
             return
         final = len(state.kernels) == depth - 1
         kind = middle if len(state.kernels) == 1 and not final else None
-        for nxt in self.moves(state, final=final, rereads=rereads if final else None, part=part, kind=kind):
+        later = depth - len(state.kernels) - 1
+        for nxt in self.moves(state, final=final, rereads=rereads if final else None, part=part, kind=kind,
+                              later=later):
             yield from self._at_depth(nxt, depth, rereads)
 
     def moves(
         self, s: KState, final: bool = False, rereads: bool | None = None, part: tuple[int, int] = (1, 0),
-        kind: str | None = None,
+        kind: str | None = None, later: int = 0,
     ) -> Iterator[KState]:
         """Successor states. For the last kernel of a depth, only kernels that complete the
         program's outputs are worth building: their new tensors must match what is missing.
         `rereads` (last kernel only) keeps the kernels that do (True) or do not (False) read a
         program input; None keeps both. `part` = (parts, index) keeps this part's share: the
         library kernels go to the first part, graph-defined ones by their block graphs. `kind`
-        ("library" or "graph") keeps kernels of that kind only."""
+        ("library" or "graph") keeps kernels of that kind only. `later`: kernels to come after
+        this one (graph kernels whose graphs cannot beat the bound are then not generated)."""
         if part[1] == 0 and kind != "graph":
             yield from self._library_moves(s, final, rereads)
         if kind != "library":
-            yield from self._graph_moves(s, final, part=part, rereads=rereads)
+            yield from self._graph_moves(s, final, part=part, rereads=rereads, later=later)
 
     def _bytes(self, t: KTensor) -> float:
         """The fewest bytes tensor `t` can have (a chunked dim counts one chunk)."""
@@ -526,6 +529,29 @@ class KernelSearch:
             floor = max(floor, self._merged_later(s, lambda chunks: self._whole_floor(s, subset, missing, chunks)))
         return floor
 
+    def _middle_floor(self, s: KState, later: int) -> Callable[[tuple[int, ...]], float]:
+        """The least time of `s` plus a graph kernel over a subset of its tensors and `later`
+        kernels after it, known before that kernel's block graphs are: `s`'s kernels, each later
+        one's launch, this kernel's launch plus the larger of its inputs' bytes at full bandwidth
+        and one loop iteration, and the bytes the later kernels must move: the missing outputs,
+        the program inputs those read that no kernel reads yet, and one output of each kernel
+        nothing reads yet (when this one does not read them)."""
+        spent = self._spent(s) + later * self.launch_s + self._unwritten(s) / self.bandwidth
+        read = {i for k in s.kernels for i in k.tensor_inputs}
+        needed = self._inputs_of(self._missing(s))
+        unread_inputs = [n for n, t in enumerate(s.tensors[:len(self.program.inputs)])
+                         if t.id in needed and t.id not in read]
+        unused = self._unused(s)
+
+        def floor(subset: tuple[int, ...]) -> float:
+            own = max(sum(self._bytes(s.tensors[i]) for i in subset) / self.bandwidth, self._iteration_s)
+            rest = sum(self._bytes(s.tensors[i]) for i in unread_inputs if i not in subset)
+            rest += sum(min(self._bytes(s.tensors[i]) for i in produced) for produced in unused
+                        if not produced & set(subset))
+            return spent + self.launch_s + own + rest / self.bandwidth
+
+        return floor
+
     def _merged_later(self, s: KState, merge_s: Callable[[int], float]) -> float:
         """When one kernel of `s` writes per-chunk partials that no kernel reads yet, some later
         kernel merges them, its loop walking the chunks: the least time of the kernels of `s` with
@@ -591,14 +617,17 @@ class KernelSearch:
 
     def _graph_moves(
         self, s: KState, final: bool, only: tuple[int, ...] | None = None, part: tuple[int, int] = (1, 0),
-        rereads: bool | None = None,
+        rereads: bool | None = None, later: int = 0,
     ) -> Iterator[KState]:
+        """Graph kernels over every subset of the tensors (or `only` that one); `later` kernels to
+        come after a kernel that is not the last bound it (`_middle_floor`)."""
         assert self._gen is not None
         indices = range(len(s.tensors))
         missing = self._missing(s) if final else []
         needed = self._inputs_of(missing) if final else set()
         unused = self._unused(s) if final else []
         spent = self._spent(s) if final else 0.0
+        middle = None if final or not later or self.bound_s == float("inf") else self._middle_floor(s, later)
         for size in range(1, self.config.max_block_inputs + 1):
             for subset in combinations(indices, size):
                 if (only is not None and subset != only) or not self._reads_inputs(subset, rereads):
@@ -608,6 +637,10 @@ class KernelSearch:
                 if final and not needed <= set().union(*(_leaves(s.tensors[i].ae) for i in subset)):
                     continue  # the last kernel must see every program input its outputs read
                 if final and self._last_graph_floor(s, spent, subset, missing) > self.bound_s:
+                    self.pruned += 1
+                    self.bounded += 1
+                    continue
+                if middle is not None and middle(subset) > self.bound_s:
                     self.pruned += 1
                     self.bounded += 1
                     continue

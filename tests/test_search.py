@@ -450,6 +450,35 @@ def test_last_kernel_floor_is_below_every_last_kernel_over_its_inputs(h100, spec
     assert spec != "gqa" or min(ratios) < 2.0, min(ratios)
 
 
+@pytest.mark.parametrize("spec", ["gqa:ci", "gqa"])
+def test_middle_kernel_floor_is_below_every_candidate_through_it(h100, spec):
+    """The floor of a graph kernel that is not the last (`_middle_floor`: the kernels before it,
+    its inputs, the launches after it and what the later kernels must read and write, known
+    before its block graphs are generated) is at most the cost model's best time of every
+    candidate grown through such a kernel, so cutting by it never cuts a graph that could win;
+    and at the published shape it binds: within 2x of some of them."""
+    program = workloads.resolve(spec)
+    ks = KernelSearch(program, space_of(program), Oracle(program), SearchConfig(), target=h100)
+    ks.bound_s = 1.0  # any finite bound: the floors are computed
+    ratios = []
+    for choice in ks.first_choices(3)[:3]:
+        firsts = ks._library_moves(ks.initial(), False) if choice[0] == "library" else \
+            ks._graph_moves(ks.initial(), False, only=choice[1])
+        for first in itertools.islice(firsts, 3):
+            floor = ks._middle_floor(first, 1)
+            index = {t.id: n for n, t in enumerate(first.tensors)}
+            for middle in itertools.islice(ks._graph_moves(first, False), 30):
+                subset = tuple(sorted(index[t] for t in middle.kernels[-1].tensor_inputs))
+                for last in itertools.islice(ks.moves(middle, final=True), 5):
+                    cand = ks._candidate(last)
+                    if cand is None or not (ranked := rank(cand, h100)):
+                        continue
+                    assert floor(subset) <= ranked[0].estimate.time_s * (1 + 1e-9), cand.dumps()
+                    ratios.append(ranked[0].estimate.time_s / floor(subset))
+    assert len(ratios) >= 10
+    assert spec != "gqa" or min(ratios) < 2.0, min(ratios)
+
+
 @pytest.mark.parametrize("spec", ["gqa", "gqa:ci"])
 def test_chunk_merge_floors_are_below_every_candidate_that_merges_later(h100, spec):
     """A first kernel writing per-chunk partials is bounded together with the kernel that will
