@@ -285,9 +285,9 @@ class KernelSearch:
         self._tick()
         left = depth - len(state.kernels)
         if left and self.bound_s < float("inf") and left * self.launch_s + max(
-                self._spent(state) + self._unwritten(state) / self.bandwidth,
+                self._spent(state) + self._owed(state)(()) / self.bandwidth,
                 self._merged_later(state, lambda chunks: chunks * self._iteration_s)) > self.bound_s:
-            self.pruned += 1  # the kernels so far, the launches to come and the outputs take too long
+            self.pruned += 1  # the kernels so far, the launches to come and what they must move take too long
             self.bounded += 1
             return
         if len(state.kernels) == depth:
@@ -533,24 +533,32 @@ class KernelSearch:
         """The least time of `s` plus a graph kernel over a subset of its tensors and `later`
         kernels after it, known before that kernel's block graphs are: `s`'s kernels, each later
         one's launch, this kernel's launch plus the larger of its inputs' bytes at full bandwidth
-        and one loop iteration, and the bytes the later kernels must move: the missing outputs,
-        the program inputs those read that no kernel reads yet, and one output of each kernel
-        nothing reads yet (when this one does not read them)."""
-        spent = self._spent(s) + later * self.launch_s + self._unwritten(s) / self.bandwidth
-        read = {i for k in s.kernels for i in k.tensor_inputs}
-        needed = self._inputs_of(self._missing(s))
-        unread_inputs = [n for n, t in enumerate(s.tensors[:len(self.program.inputs)])
-                         if t.id in needed and t.id not in read]
-        unused = self._unused(s)
+        and one loop iteration, and what the later kernels must move (`_owed`)."""
+        spent = self._spent(s) + later * self.launch_s
+        owed = self._owed(s)
 
         def floor(subset: tuple[int, ...]) -> float:
             own = max(sum(self._bytes(s.tensors[i]) for i in subset) / self.bandwidth, self._iteration_s)
-            rest = sum(self._bytes(s.tensors[i]) for i in unread_inputs if i not in subset)
-            rest += sum(min(self._bytes(s.tensors[i]) for i in produced) for produced in unused
-                        if not produced & set(subset))
-            return spent + self.launch_s + own + rest / self.bandwidth
+            return spent + self.launch_s + own + owed(subset) / self.bandwidth
 
         return floor
+
+    def _owed(self, s: KState) -> Callable[[tuple[int, ...]], float]:
+        """The fewest bytes the kernels after `s` must move, but for one reading a subset of its
+        tensors: the missing outputs, the program inputs they read that no kernel reads yet, and
+        one output of each kernel nothing reads yet."""
+        read = {i for k in s.kernels for i in k.tensor_inputs}
+        missing = self._missing(s)
+        needed = self._inputs_of(missing)
+        unread = [n for n, t in enumerate(s.tensors[:len(self.program.inputs)]) if t.id in needed and t.id not in read]
+        unused = self._unused(s)
+        written = sum(self._output_bytes[i] for i in missing)
+
+        def owed(subset: tuple[int, ...]) -> float:
+            return written + sum(self._bytes(s.tensors[i]) for i in unread if i not in subset) + sum(
+                min(self._bytes(s.tensors[i]) for i in produced) for produced in unused if not produced & set(subset))
+
+        return owed
 
     def _merged_later(self, s: KState, merge_s: Callable[[int], float]) -> float:
         """When one kernel of `s` writes per-chunk partials that no kernel reads yet, some later

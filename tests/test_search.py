@@ -456,7 +456,8 @@ def test_middle_kernel_floor_is_below_every_candidate_through_it(h100, spec):
     its inputs, the launches after it and what the later kernels must read and write, known
     before its block graphs are generated) is at most the cost model's best time of every
     candidate grown through such a kernel, so cutting by it never cuts a graph that could win;
-    and at the published shape it binds: within 2x of some of them."""
+    and at the published shape it binds: within 2x of some of them. So is the bound of each
+    state on the way (its kernels, the launches to come and the bytes they owe, `_owed`)."""
     program = workloads.resolve(spec)
     ks = KernelSearch(program, space_of(program), Oracle(program), SearchConfig(), target=h100)
     ks.bound_s = 1.0  # any finite bound: the floors are computed
@@ -473,8 +474,11 @@ def test_middle_kernel_floor_is_below_every_candidate_through_it(h100, spec):
                     cand = ks._candidate(last)
                     if cand is None or not (ranked := rank(cand, h100)):
                         continue
-                    assert floor(subset) <= ranked[0].estimate.time_s * (1 + 1e-9), cand.dumps()
-                    ratios.append(ranked[0].estimate.time_s / floor(subset))
+                    best = ranked[0].estimate.time_s * (1 + 1e-9)
+                    assert floor(subset) <= best, cand.dumps()
+                    for state, left in ((first, 2), (middle, 1)):
+                        assert left * ks.launch_s + ks._spent(state) + ks._owed(state)(()) / ks.bandwidth <= best
+                    ratios.append(best / floor(subset))
     assert len(ratios) >= 10
     assert spec != "gqa" or min(ratios) < 2.0, min(ratios)
 
