@@ -455,7 +455,8 @@ def run_search(
         if stats.generic_depth == stats.depth and not bounded:
             stats.generic_depth = depth  # every graph of this many kernels was generated: for any shape
         stats.depth = depth
-    settle()
+    if unsettled[0] or not stats.budget_exhausted:  # a depth the budget cut short leaves its ties unproved
+        settle()
     unproved.update((text, sg) for text, (_, sg) in tied.items() if text not in unproved)
     _keep_contenders(outcome, unproved, contenders)
     stats.seconds = time.monotonic() - t0
