@@ -414,9 +414,9 @@ def run_search(
             todo = [c for c in choices if c[0] == "graph" and (c, 0) not in walked and c not in dealt]
             found_bodies: dict[FirstChoice, list[Body]] = {c: [] for c in todo}
             walks = walk_parts or parts
-            shards = chain(settle_shards(depth), (Shard(depth, c, (walks, i), walk=True) for c in todo
-                                                  for i in range(walks)))
-            for result in run(shards, deadline, None if max_states is None else max_states - stats.states):
+            walking = chain(settle_shards(depth), (Shard(depth, c, (walks, i), walk=True) for c in todo
+                                                   for i in range(walks)))
+            for result in run(walking, deadline, None if max_states is None else max_states - stats.states):
                 merge(result)
                 if result.shard.walk:
                     found_bodies[result.shard.choice] += result.bodies
