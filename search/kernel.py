@@ -133,6 +133,8 @@ class KernelSearch:
         self._output_classes = [tuple(classes[(o, d)] for d in range(len(self.program.nodes[o].shape)))
                                 for o in self.program.outputs]
         self._whole_floors: dict[tuple[Any, ...], float] = {}  # last kernel's inputs -> `_whole_floor`
+        # Library ops that cost nothing (a view): any kernel to come may be one.
+        self._free_kernels = any(op in costmodel.FREE_OPS for op in self.space.library_ops)
         # Each grid axis splits a divisor of a program dim: the least latency of a loop iteration.
         self._iteration_s = 0.0 if self.target is None else costmodel.iteration_floor(
             self.target, _block_counts(self.program, self.config.max_grid_axes))
@@ -284,7 +286,7 @@ class KernelSearch:
         self.states += 1
         self._tick()
         left = depth - len(state.kernels)
-        if left and self.bound_s < float("inf") and left * self.launch_s + max(
+        if left and self.bound_s < float("inf") and self.launches(left) * self.launch_s + max(
                 self._spent(state) + self._owed(state)(()) / self.bandwidth,
                 self._merged_later(state, lambda chunks: chunks * self._iteration_s)) > self.bound_s:
             self.pruned += 1  # the kernels so far, the launches to come and what they must move take too long
@@ -323,6 +325,11 @@ class KernelSearch:
         if kind != "library":
             yield from self._graph_moves(s, final, part=part, rereads=rereads, later=later)
 
+    def launches(self, kernels: int) -> int:
+        """The fewest launches that many kernels to come must pay: none when the program has an op
+        whose library kernel is free (a reshape: a view), as each of them may be one."""
+        return 0 if self._free_kernels else kernels
+
     def _bytes(self, t: KTensor) -> float:
         """The fewest bytes tensor `t` can have (a chunked dim counts one chunk)."""
         dims = [d.int_value() if d.is_const() else 1 for d in t.shape]
@@ -337,7 +344,7 @@ class KernelSearch:
         size = {t.id: self._bytes(t) for t in s.tensors}
         total = 0.0
         for k in s.kernels:
-            if isinstance(k, LibraryKernel) and k.op in ("const", "reshape"):
+            if isinstance(k, LibraryKernel) and k.op in costmodel.FREE_OPS:
                 continue  # free: a launch argument, a view
             moved = sum(size[i] for i in k.tensor_inputs) + sum(size[o] for o in k.outputs)
             total += self.launch_s + moved / self.bandwidth
@@ -534,7 +541,7 @@ class KernelSearch:
         kernels after it, known before that kernel's block graphs are: `s`'s kernels, each later
         one's launch, this kernel's launch plus the larger of its inputs' bytes at full bandwidth
         and one loop iteration, and what the later kernels must move (`_owed`)."""
-        spent = self._spent(s) + later * self.launch_s
+        spent = self._spent(s) + self.launches(later) * self.launch_s
         owed = self._owed(s)
 
         def floor(subset: tuple[int, ...]) -> float:
@@ -546,7 +553,10 @@ class KernelSearch:
     def _owed(self, s: KState) -> Callable[[tuple[int, ...]], float]:
         """The fewest bytes the kernels after `s` must move, but for one reading a subset of its
         tensors: the missing outputs, the program inputs they read that no kernel reads yet, and
-        one output of each kernel nothing reads yet."""
+        one output of each kernel nothing reads yet; nothing when a later kernel may be free (a
+        view of a computed tensor can be an output, or what an input or a kernel's output feeds)."""
+        if self._free_kernels:
+            return lambda subset: 0.0
         read = {i for k in s.kernels for i in k.tensor_inputs}
         missing = self._missing(s)
         needed = self._inputs_of(missing)
@@ -599,7 +609,7 @@ class KernelSearch:
             for args in _tuples(usable, arity):
                 if any(not unread & set(args) for unread in unused) or not self._reads_inputs(args, rereads):
                     continue
-                if final and self._too_slow(s, floor_s, args):
+                if final and op not in costmodel.FREE_OPS and self._too_slow(s, floor_s, args):
                     self.pruned += 1
                     continue
                 for attrs in self._library_attrs.get(op, [{}]):

@@ -114,6 +114,7 @@ def _matmul_peak(target: Target, dt: str, a: tuple[Any, ...], b: tuple[Any, ...]
 
 
 BOUNDS = ("dram", "compute", "latency", "launch", "free")  # what bounds a kernel's time
+FREE_OPS = ("const", "reshape")  # library kernels that cost nothing: a launch argument, a view
 
 
 @dataclass(frozen=True)
@@ -151,8 +152,8 @@ def _costs(inst: Instance, k: Kernel) -> _Costs:
 def _library(inst: Instance, k: LibraryKernel) -> _Costs:
     t = inst.target
     info = inst.sgraph.info
-    if k.op == "const" or k.op == "reshape":
-        return _Costs(k.id, "library", 0, 0, 0.0, BOUNDS.index("free"))  # a launch argument / a view
+    if k.op in FREE_OPS:
+        return _Costs(k.id, "library", 0, 0, 0.0, BOUNDS.index("free"))
     in_shapes = [inst.shape(i) for i in k.inputs]
     out_shape = inst.shape(k.output)
     nbytes = get_dtype(info.dtypes[k.output]).nbytes

@@ -11,6 +11,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from superopt.costmodel import FREE_OPS
 from superopt.program import Program
 from superopt.sgraph import GraphKernel, SGraph
 
@@ -93,7 +94,7 @@ class Candidate:
 
     @property
     def kernels(self) -> int:
-        return sum(1 for k in self.sgraph.kernels if getattr(k, "op", None) not in ("const", "reshape"))
+        return sum(1 for k in self.sgraph.kernels if getattr(k, "op", None) not in FREE_OPS)
 
     @property
     def graph_defined_kernels(self) -> int:

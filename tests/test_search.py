@@ -177,6 +177,30 @@ def test_symbolic_search_visits_fewer_states_than_concrete(h100, searched):
     assert concrete.stats.states >= 5 * symbolic.stats.states
 
 
+def test_a_free_view_kernel_after_a_fused_one_is_not_cut_by_the_bound(h100, monkeypatch):
+    """A reshape is a view: its library kernel costs no launch and moves no bytes. Bounds that
+    charge every kernel to come a launch and the outputs' bytes would cut the fused kernel that
+    a reshape follows (a launch over the unfused baseline's time), leaving the baseline; the
+    search finds the fused kernel and the view, as a search without any bound does."""
+    from superopt.search.kernel import KernelSearch
+
+    def program() -> Program:
+        p = Program("viewed")
+        x, w = p.input("X", (64, 256), "f16"), p.input("W", (256, 512), "f16")
+        p.output(p.op("reshape", p.exp(x) @ w, name="O", shape=[128, 256]))
+        return p
+
+    config = SearchConfig(max_kernel_ops=3)
+    outcome = run_search(program(), h100, config)
+    baseline = next(v for v in outcome.verified if v.sgraph.name.endswith(".unfused"))
+    assert [getattr(k, "op", "graph") for k in outcome.best.sgraph.kernels] == ["graph", "reshape"]
+    assert outcome.best.verdict.proved
+    assert outcome.best.best.estimate.time_s + h100.launch_overhead_s > baseline.best.estimate.time_s
+    monkeypatch.setattr(KernelSearch, "bound_s", property(lambda self: float("inf"), lambda self, value: None))
+    exhaustive = run_search(program(), h100, config)  # every graph generated: the same winner
+    assert exhaustive.best.sgraph.dumps() == outcome.best.sgraph.dumps()
+
+
 def test_budget_returns_the_best_so_far(h100):
     program = workloads.resolve("gated_mlp:ci")
     outcome = run_search(program, h100, SearchConfig(), max_states=2)
