@@ -22,7 +22,7 @@ from superopt.assignments import pick_for_checks
 from superopt.instantiate import instantiate
 from superopt.interpreter import run_float
 from superopt.mutations import mutants
-from superopt.reference import evaluate, max_rel_err, random_inputs
+from superopt.reference import inputs_and_reference, max_rel_err
 from superopt.shrink import shrink, shrink_sgraph
 from superopt.targets import TARGETS
 from superopt.verifier import finite_field
@@ -85,8 +85,8 @@ def bench(name: str, with_mutants: bool) -> dict[str, object]:
 
 def mutation_counts(program, variants) -> dict[str, int]:
     h100 = TARGETS["h100"]
-    inputs = random_inputs(program, 11)
-    want = evaluate(program, inputs)[0]
+    inputs, refs = inputs_and_reference(program, 11)
+    want = refs[0]
     lhs = lower_program(program)
     wrong = proved = ff_rejected = 0
     for _, m in variants:

@@ -27,7 +27,7 @@ from superopt.build import unfused_baseline
 from superopt.costmodel import best_params, estimate, floor
 from superopt.instantiate import instantiate
 from superopt.program import Program
-from superopt.reference import evaluate, max_rel_err, random_inputs
+from superopt.reference import inputs_and_reference, max_rel_err
 from superopt.result import Result
 from superopt.runtime import device_fingerprint, fingerprint_text
 from superopt.runtime.calibrate import calibrate
@@ -62,7 +62,7 @@ def torch_time_us(program: Program, n_repeat: int, n_warmup: int) -> tuple[float
     if not torch.cuda.is_available():
         return None
     tdt = {"f16": torch.float16, "bf16": torch.bfloat16, "f32": torch.float32}[program.dtype]
-    inputs = random_inputs(program, 0)
+    inputs, refs = inputs_and_reference(program, 0)
     dev = {k: torch.tensor(v, dtype=tdt, device="cuda") for k, v in inputs.items()}
 
     def run() -> list[Any]:
@@ -73,7 +73,7 @@ def torch_time_us(program: Program, n_repeat: int, n_warmup: int) -> tuple[float
         return [vals[o] for o in program.outputs]
 
     outs = run()
-    err = max(max_rel_err(o.float().cpu().numpy(), r) for o, r in zip(outs, evaluate(program, inputs), strict=True))
+    err = max(max_rel_err(o.float().cpu().numpy(), r) for o, r in zip(outs, refs, strict=True))
     for _ in range(n_warmup):
         run()
     times = []

@@ -404,7 +404,7 @@ def run_search(
         # Any schedule of `depth` kernels pays that many launches over the program's physical floor:
         # once the best verified schedule is at least that fast, deeper kernel graphs cannot win.
         best = min((v.best.estimate.time_s for v in outcome.verified), default=None)
-        if best is not None and best <= floor_s + local.search.launches(depth) * target.launch_overhead_s:
+        if best is not None and best <= floor_s + local.search.space.launches(depth) * target.launch_overhead_s:
             break
         choices = local.search.first_choices(depth)
         if parts > 1 and not config.concrete:

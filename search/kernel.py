@@ -133,8 +133,7 @@ class KernelSearch:
         self._output_classes = [tuple(classes[(o, d)] for d in range(len(self.program.nodes[o].shape)))
                                 for o in self.program.outputs]
         self._whole_floors: dict[tuple[Any, ...], float] = {}  # last kernel's inputs -> `_whole_floor`
-        # Library ops that cost nothing (a view): any kernel to come may be one.
-        self._free_kernels = any(op in costmodel.FREE_OPS for op in self.space.library_ops)
+        self._free_kernels = self.space.launches(1) == 0  # any kernel to come may be a free view
         # Each grid axis splits a divisor of a program dim: the least latency of a loop iteration.
         self._iteration_s = 0.0 if self.target is None else costmodel.iteration_floor(
             self.target, _block_counts(self.program, self.config.max_grid_axes))
@@ -286,7 +285,7 @@ class KernelSearch:
         self.states += 1
         self._tick()
         left = depth - len(state.kernels)
-        if left and self.bound_s < float("inf") and self.launches(left) * self.launch_s + max(
+        if left and self.bound_s < float("inf") and self.space.launches(left) * self.launch_s + max(
                 self._spent(state) + self._owed(state)(()) / self.bandwidth,
                 self._merged_later(state, lambda chunks: chunks * self._iteration_s)) > self.bound_s:
             self.pruned += 1  # the kernels so far, the launches to come and what they must move take too long
@@ -324,11 +323,6 @@ class KernelSearch:
             yield from self._library_moves(s, final, rereads)
         if kind != "library":
             yield from self._graph_moves(s, final, part=part, rereads=rereads, later=later)
-
-    def launches(self, kernels: int) -> int:
-        """The fewest launches that many kernels to come must pay: none when the program has an op
-        whose library kernel is free (a reshape: a view), as each of them may be one."""
-        return 0 if self._free_kernels else kernels
 
     def _bytes(self, t: KTensor) -> float:
         """The fewest bytes tensor `t` can have (a chunked dim counts one chunk)."""
@@ -541,7 +535,7 @@ class KernelSearch:
         kernels after it, known before that kernel's block graphs are: `s`'s kernels, each later
         one's launch, this kernel's launch plus the larger of its inputs' bytes at full bandwidth
         and one loop iteration, and what the later kernels must move (`_owed`)."""
-        spent = self._spent(s) + self.launches(later) * self.launch_s
+        spent = self._spent(s) + self.space.launches(later) * self.launch_s
         owed = self._owed(s)
 
         def floor(subset: tuple[int, ...]) -> float:

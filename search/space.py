@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from superopt import ops
+from superopt import costmodel, ops
 from superopt.program import Program
 
 # Composites with a reduction, and the primitives a fused schedule splits them into.
@@ -36,6 +36,11 @@ class Space:
 
     def rank(self, op: str) -> int:
         return self.block_ops.index(op) if op in self.block_ops else len(self.block_ops) + (op == "acc")
+
+    def launches(self, kernels: int) -> int:
+        """The fewest launches that many kernels pay: none when a library op of this space is free
+        (a reshape: a view), as each of them may be one."""
+        return 0 if any(op in costmodel.FREE_OPS for op in self.library_ops) else kernels
 
 
 def space_of(program: Program) -> Space:

@@ -148,13 +148,16 @@ def _reuse_is_complete(program: Program, target: Target, config: SearchConfig, v
     every kernel graph of up to `depth` kernels (its generic depth: no time bound of that shape cut
     any); deeper ones pay at least one more launch over the physical floor, and where shapes are
     larger (a bigger floor, so more room above it) they may now win: then the program is searched
-    again."""
+    again. (A program with a free op, a reshape, may grow a kernel that pays no launch.)"""
+    from superopt.search.space import space_of
+
     if not any(not v.sgraph.name.endswith(".unfused") for v in verified):
         return False
     if depth >= config.max_kernel_ops:
         return True
     best = min(v.best.estimate.time_s for v in verified)
-    return best <= costmodel.floor(program, target).time_s + (depth + 1) * target.launch_overhead_s
+    launches = space_of(program).launches(depth + 1)
+    return best <= costmodel.floor(program, target).time_s + launches * target.launch_overhead_s
 
 
 def _result(program: Program, choice: TargetChoice, outcome: Any) -> Result:

@@ -126,14 +126,13 @@ def run(
 ) -> None:
     """Run an sGraph in the interpreter; print its max relative error against the float64 reference."""
     from superopt.interpreter import run_float
-    from superopt.reference import evaluate, max_rel_err, random_inputs
+    from superopt.reference import inputs_and_reference, max_rel_err
 
     program = load_program(spec)
     sg = load_sgraph(sgraph, program, spec)
     check_matches(sg, program)
     inst = instantiate(sg, parse_params(params), get_target(target))
-    inputs = random_inputs(program, seed)
-    refs = evaluate(program, inputs)
+    inputs, refs = inputs_and_reference(program, seed)
     outs = run_float(inst, inputs)
     errs = [max_rel_err(o, r) for o, r in zip(outs, refs, strict=True)]
     tol = max(_tolerance(program), 0.0)

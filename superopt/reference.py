@@ -136,6 +136,18 @@ def random_inputs(program: Program, seed: int) -> dict[str, np.ndarray]:
     return out
 
 
+def inputs_and_reference(program: Program, seed: int) -> tuple[dict[str, np.ndarray], list[np.ndarray]]:
+    """`random_inputs` and the program's float64 outputs on them. Where the program is undefined
+    at signed inputs (a square root of an input), the inputs are taken positive (their absolute
+    values: still random, never zero), since no comparison with a NaN reference means anything."""
+    inputs = random_inputs(program, seed)
+    refs = evaluate(program, inputs)
+    if not all(np.all(np.isfinite(r)) for r in refs):
+        inputs = {name: np.abs(x) for name, x in inputs.items()}
+        refs = evaluate(program, inputs)
+    return inputs, refs
+
+
 def max_rel_err(out: np.ndarray, ref: np.ndarray) -> float:
     """Normwise relative error max|out - ref| / max|ref|; inf when out has NaN/inf or a wrong shape."""
     out, ref = np.asarray(out, dtype=np.float64), np.asarray(ref, dtype=np.float64)

@@ -12,11 +12,13 @@ from superopt import Program, workloads
 from superopt.assignments import enumerate_assignments, pick_for_checks
 from superopt.build import SGraphBuilder, unfused_baseline
 from superopt.cli import app
+from superopt.config import SearchConfig
 from superopt.dimclasses import input_classes
 from superopt.instantiate import instantiate
 from superopt.interpreter import run_float
 from superopt.mutations import mutants
 from superopt.reference import evaluate, max_rel_err, random_inputs
+from superopt.search.driver import run_search
 from superopt.sgraph import SGraph, TensorDecl, rebind
 from superopt.targets import TARGETS
 from superopt.verifier import constraints, finite_field
@@ -336,6 +338,29 @@ def test_verify_refuses_a_wrong_sgraph_with_the_refuting_layer():
     v = verify(program, SGraph.from_json(data))
     assert not v.proved and v.layers[0]["layer"] == "finite_field" and not v.layers[0]["passed"]
     assert v.egraph == "not run"
+
+
+def test_a_program_undefined_at_negative_inputs_is_checked_at_positive_ones(h100):
+    """The square root of an input is NaN at half of the signed random inputs, and a NaN
+    reference matches nothing: its unfused baseline was refuted by the float layer, so a search
+    had nothing to return. The float layer takes the inputs' absolute values (still random, never
+    zero) where the reference is not finite, and the baseline and fused schedules are proved;
+    a program defined everywhere keeps its signed inputs."""
+    from superopt.reference import inputs_and_reference
+
+    p = Program("rooted")
+    x, v = p.input("X", (64, 256), "f16"), p.input("V", (256, 32), "f16")
+    p.output(p.sqrt(x) @ v)
+    signed = random_inputs(p, 5)
+    inputs, refs = inputs_and_reference(p, 5)
+    assert (signed["X"] < 0).any() and not np.isfinite(evaluate(p, signed)[0]).all()
+    assert all((inputs[k] == np.abs(signed[k])).all() for k in signed) and np.isfinite(refs[0]).all()
+    assert verify(p, unfused_baseline(p), target=h100).proved
+    outcome = run_search(p, h100, SearchConfig(max_kernel_ops=2))
+    assert outcome.best.verdict.proved and not outcome.best.sgraph.name.endswith(".unfused")
+    program = workloads.resolve("rmsnorm_matmul:ci")
+    kept, _ = inputs_and_reference(program, 5)
+    assert all((kept[k] == random_inputs(program, 5)[k]).all() for k in kept)
 
 
 # -- constraints ---------------------------------------------------------------------------------------

@@ -13,7 +13,7 @@ from superopt.dtypes import dtype
 from superopt.instantiate import Instance
 from superopt.interpreter import run_float
 from superopt.program import Program
-from superopt.reference import evaluate, max_rel_err, random_inputs
+from superopt.reference import inputs_and_reference, max_rel_err
 
 
 @dataclass
@@ -27,8 +27,7 @@ class FloatCheck:
 
 
 def check(program: Program, inst: Instance, seed: int = 0) -> FloatCheck:
-    inputs = random_inputs(program, seed)
-    refs = evaluate(program, inputs)
+    inputs, refs = inputs_and_reference(program, seed)
     outs = run_float(inst, inputs)
     err = max(max_rel_err(o, r) for o, r in zip(outs, refs, strict=True))
     return FloatCheck(err, dtype(program.dtype).tolerance)

@@ -17,7 +17,7 @@ from superopt.codegen import CudaProgram, generate
 from superopt.dtypes import dtype as get_dtype
 from superopt.instantiate import instantiate
 from superopt.program import Program
-from superopt.reference import evaluate, max_rel_err, random_inputs
+from superopt.reference import inputs_and_reference, max_rel_err
 from superopt.runtime.executor import DeviceProgram
 from superopt.sgraph import SGraph, check_matches
 from superopt.targets import Target
@@ -47,12 +47,12 @@ class Measurement:
 def check(program: Program, dev: DeviceProgram, seed: int = 0) -> float:
     """Max relative error of the device program on fresh inputs, outputs poisoned beforehand;
     raises IncorrectKernel above the tolerance."""
-    inputs = random_inputs(program, seed)
+    inputs, refs = inputs_and_reference(program, seed)
     dev.set_inputs(inputs)
     dev.poison()
     dev.run()
     outs = dev.outputs()
-    err = max(max_rel_err(o, r) for o, r in zip(outs, evaluate(program, inputs), strict=True))
+    err = max(max_rel_err(o, r) for o, r in zip(outs, refs, strict=True))
     tol = get_dtype(program.dtype).tolerance
     if not err <= tol:
         raise IncorrectKernel(f"{program.name}: max relative error {err:.3e} exceeds the {program.dtype} "
