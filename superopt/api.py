@@ -108,26 +108,30 @@ def _verified_sgraphs(
         kept = store.load(program, config)
         if kept:
             # Rank every kept sGraph at the new shape (cost model only), then re-verify the leaders
-            # until REUSE_VERIFY of them (and the baseline) are proved here.
+            # until REUSE_VERIFY of them (and the baseline) are proved here. Proofs are the cost:
+            # none is made when even the ranking says a deeper search could win.
             t0 = time.monotonic()
             sgraphs, earlier = kept
             stats = SearchStats(symbolic=earlier.get("symbolic", True), reused=True)
-            ranked = [(r, sg) for sg in sgraphs if (r := rank(sg, choice.target))]
-            ranked.sort(key=lambda x: (x[0][0].estimate.time_s, len(x[1].kernels), x[1].dumps()))
-            verified: list[Verified] = []
-            for r, sg in ranked:
-                fused = sum(not v.sgraph.name.endswith(".unfused") for v in verified)
-                if fused >= REUSE_VERIFY and not sg.name.endswith(".unfused"):
-                    continue
-                verdict = verify(program, sg, target=choice.target)
-                if verdict.proved:
-                    verified.append(Verified(sg, verdict, r))
-            stats.verified = len(verified)
-            stats.seconds = time.monotonic() - t0
             stats.depth = int(earlier.get("depth", 0))
             stats.generic_depth = int(earlier.get("generic_depth", 0))
-            if _reuse_is_complete(program, choice.target, config, verified, stats.generic_depth):
-                return Outcome(verified, stats)
+            ranked = [(r, sg) for sg in sgraphs if (r := rank(sg, choice.target))]
+            ranked.sort(key=lambda x: (x[0][0].estimate.time_s, len(x[1].kernels), x[1].dumps()))
+            if _reuse_is_complete(program, choice.target, config, [(sg, r[0].estimate.time_s) for r, sg in ranked],
+                                  stats.generic_depth):
+                verified: list[Verified] = []
+                for r, sg in ranked:
+                    fused = sum(not v.sgraph.name.endswith(".unfused") for v in verified)
+                    if fused >= REUSE_VERIFY and not sg.name.endswith(".unfused"):
+                        continue
+                    verdict = verify(program, sg, target=choice.target)
+                    if verdict.proved:
+                        verified.append(Verified(sg, verdict, r))
+                stats.verified = len(verified)
+                stats.seconds = time.monotonic() - t0
+                if _reuse_is_complete(program, choice.target, config,
+                                      [(v.sgraph, v.best.estimate.time_s) for v in verified], stats.generic_depth):
+                    return Outcome(verified, stats)
     contenders = CONTENDERS if choice.measured else 1  # the GPU re-times the best few; else the best decides
     if (workers is not None and workers > 1) or ray_address:
         from superopt.search.distributed import run_distributed
@@ -143,19 +147,23 @@ def _verified_sgraphs(
     return outcome
 
 
-def _reuse_is_complete(program: Program, target: Target, config: SearchConfig, verified: list[Any], depth: int) -> bool:
-    """Can the re-instantiated sGraphs stand for a search at this shape? The earlier search kept
-    every kernel graph of up to `depth` kernels (its generic depth: no time bound of that shape cut
-    any); deeper ones pay at least one more launch over the physical floor, and where shapes are
-    larger (a bigger floor, so more room above it) they may now win: then the program is searched
-    again. (A program with a free op, a reshape, may grow a kernel that pays no launch.)"""
+def _reuse_is_complete(
+    program: Program, target: Target, config: SearchConfig, timed: list[tuple[Any, float]], depth: int,
+) -> bool:
+    """Can these re-instantiated sGraphs (with their best estimated times) stand for a search at
+    this shape? The earlier search kept every kernel graph of up to `depth` kernels (its generic
+    depth: no time bound of that shape cut any); deeper ones pay at least one more launch over the
+    physical floor, and where shapes are larger (a bigger floor, so more room above it) they may
+    now win: then the program is searched again. (A program with a free op, a reshape, may grow
+    a kernel that pays no launch.) Asked of the ranked ones before any is proved: the proved
+    ones are among them, so if they cannot stand, neither can the proved."""
     from superopt.search.space import space_of
 
-    if not any(not v.sgraph.name.endswith(".unfused") for v in verified):
+    if not any(not sg.name.endswith(".unfused") for sg, _ in timed):
         return False
     if depth >= config.max_kernel_ops:
         return True
-    best = min(v.best.estimate.time_s for v in verified)
+    best = min(time_s for _, time_s in timed)
     launches = space_of(program).launches(depth + 1)
     return best <= costmodel.floor(program, target).time_s + launches * target.launch_overhead_s
 

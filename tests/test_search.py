@@ -241,14 +241,23 @@ def test_shape_reuse_reinstantiates_without_searching():
     assert [(k.kind, getattr(k, "op", None)) for k in second.best.sgraph.kernels] == same_structure
 
 
-def test_shape_reuse_searches_again_when_deeper_graphs_could_win():
+def test_shape_reuse_searches_again_when_deeper_graphs_could_win(monkeypatch):
     """gqa:ci stops after one kernel (launches dominate tiny shapes); at the published shape a
-    split-KV schedule of more kernels can beat what the :ci search kept, so reuse is refused."""
+    split-KV schedule of more kernels can beat what the :ci search kept, so reuse is refused, and
+    before any kept sGraph is re-verified: their ranking alone says so (proofs are the cost)."""
+    from superopt.search import driver
+    from superopt.verifier import verify as verifier
+
     first = optimize(workloads.resolve("gqa:ci"), target="h100", budget_s=60, cache=False)
     assert not first.search.reused and first.search.depth == 1
+    calls: list[str] = []
+    verify, search = verifier.verify, driver.run_search
+    monkeypatch.setattr(verifier, "verify", lambda *a, **k: calls.append("verify") or verify(*a, **k))
+    monkeypatch.setattr(driver, "run_search", lambda *a, **k: calls.append("search") or search(*a, **k))
     second = optimize(workloads.resolve("gqa"), target="h100", budget_s=10, cache=False)
     assert not second.search.reused and second.search.states > 0
     assert second.best.time_us < second.baseline.time_us
+    assert calls[0] == "search" and "verify" in calls  # the winner is re-verified at its real shapes
 
 
 def test_report_has_every_documented_field():
