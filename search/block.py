@@ -176,6 +176,14 @@ class Generator:
         self._subterms: dict[tuple[int, int], bool] = {}
         self._binary_ops = [op for op in self.space.block_ops if op in ops.BINARY or op == "matmul"]
 
+    def forget(self) -> None:
+        """Break the reference cycles that keep a finished search alive (lazily walked loop bodies
+        whose generators refer back to this generator, the progress callback), so that dropping
+        it frees it by reference counting, not only at a full collection."""
+        self._bodies.clear()
+        self._adopted.clear()
+        self.on_state = None
+
     # -- start and moves -------------------------------------------------------------------------
     def start(self, inputs: Sequence[InputSpec]) -> BlockState:
         classes = Classes()

@@ -19,7 +19,6 @@ estimate (few program ops and inputs) runs in-process: starting Ray costs second
 
 from __future__ import annotations
 
-import gc
 import os
 import uuid
 from collections.abc import Iterator
@@ -121,9 +120,9 @@ def _run_shard(
     """Run one shard in a Ray worker, reusing this process's Searcher for the job."""
     searcher = _SEARCHERS.get(job)
     if searcher is None:
-        if _SEARCHERS:  # one job at a time per worker process: keep memory bounded
-            _SEARCHERS.clear()
-            gc.collect()  # the last job's search is cyclic garbage, and full collections are rare here
+        for old in _SEARCHERS.values():  # one job at a time per worker process: keep memory bounded
+            old.forget()  # freed by reference counting when dropped: no full collection to wait for
+        _SEARCHERS.clear()
         rare_full_collections()  # for good: this process keeps a search's memo between its shards
         searcher = _SEARCHERS[job] = Searcher(Program.from_json(program_json), target, config)
     _maybe_die(fault_file, shard)

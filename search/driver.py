@@ -137,6 +137,13 @@ class Searcher:
         # candidate text -> its verification, why it was dropped, or its ranking (not verified yet)
         self.decided: dict[str, Verified | str | list[Ranked]] = {}
 
+    def forget(self) -> None:
+        """Break the reference cycles of a finished search (`KernelSearch.forget`, the callbacks):
+        dropped, it is then freed at once by reference counting. A full collection would find it
+        too, but walks every live object to do so (0.15-0.25 s after rmsnorm_mlp)."""
+        self.search.forget()
+        self.on_verified = None
+
     def consider(self, sg: SGraph, verified: list[Verified], rejected: list[tuple[str, str]],
                  dominated: list[SGraph] | None = None, bound: Key | None = None,
                  deferred: list[tuple[Key, SGraph]] | None = None) -> None:
@@ -459,6 +466,7 @@ def run_search(
         settle()
     unproved.update((text, sg) for text, (_, sg) in tied.items() if text not in unproved)
     _keep_contenders(outcome, unproved, contenders)
+    local.forget()
     stats.seconds = time.monotonic() - t0
     stats.peak_rss_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     report("done")

@@ -149,6 +149,14 @@ class KernelSearch:
             if dict(n.attrs) not in entry:
                 entry.append(dict(n.attrs))
 
+    def forget(self) -> None:
+        """Break the reference cycles that keep a finished search alive (`Generator.forget`, the
+        lazily generated block graphs, the progress callback)."""
+        assert self._gen is not None
+        self._gen.forget()
+        self.block_cache.clear()
+        self.on_state = None
+
     # -- budget ----------------------------------------------------------------------------------
     @property
     def total_states(self) -> int:
