@@ -6,6 +6,7 @@ import gc
 import itertools
 import json
 import weakref
+from collections.abc import Iterator
 from dataclasses import replace
 
 import pytest
@@ -432,9 +433,7 @@ def test_time_bound_never_exceeds_the_cost_models_estimate(h100, spec):
     cost model's estimate of every candidate containing them, so cutting graphs whose bound
     exceeds the best proved time never cuts a graph that could win. First kernels that fit no
     instantiation (their bound is infinite) are in no instantiable candidate."""
-    program = workloads.resolve(spec)
-    ks = KernelSearch(program, space_of(program), Oracle(program), SearchConfig(), target=h100)
-    ks.bound_s = 1.0  # any finite bound: the cost-model part of the bound is computed
+    ks = _with_floors(spec, h100)
     checked, infinite = 0, 0
     for choice in ks.first_choices(2)[:3]:
         firsts = ks._library_moves(ks.initial(), False) if choice[0] == "library" else \
@@ -454,6 +453,22 @@ def test_time_bound_never_exceeds_the_cost_models_estimate(h100, spec):
     assert checked > 10 and (spec == "gqa" or infinite)
 
 
+def _with_floors(spec: str, h100) -> KernelSearch:
+    """A kernel search of a workload with a finite bound, so that its floors are computed."""
+    program = workloads.resolve(spec)
+    ks = KernelSearch(program, space_of(program), Oracle(program), SearchConfig(), target=h100)
+    ks.bound_s = 1.0
+    return ks
+
+
+def _first_kernels(ks: KernelSearch, depth: int, choices: int, each: int) -> Iterator:
+    """The first few first kernels of the first few choices of graphs of `depth` kernels."""
+    for choice in ks.first_choices(depth)[:choices]:
+        firsts = ks._library_moves(ks.initial(), False) if choice[0] == "library" else \
+            ks._graph_moves(ks.initial(), False, only=choice[1])
+        yield from itertools.islice(firsts, each)
+
+
 @pytest.mark.parametrize("spec", ["gqa:ci", "lora:ci", "rmsnorm_mlp:ci", "gqa"])
 def test_last_kernel_floor_is_below_every_last_kernel_over_its_inputs(h100, spec):
     """The floor of a last graph kernel, known from the tensors it reads and the outputs it must
@@ -462,24 +477,19 @@ def test_last_kernel_floor_is_below_every_last_kernel_over_its_inputs(h100, spec
     it never cuts a graph that could win; and at the published shape it is no empty bound: it
     comes within 2x of some of them (attention's last kernels must read all of K and V in
     every block, whatever their block graph)."""
-    program = workloads.resolve(spec)
-    ks = KernelSearch(program, space_of(program), Oracle(program), SearchConfig(), target=h100)
-    ks.bound_s = 1.0  # any finite bound: the floors are computed
+    ks = _with_floors(spec, h100)
     ratios = []
-    for choice in ks.first_choices(2)[:4]:
-        firsts = ks._library_moves(ks.initial(), False) if choice[0] == "library" else \
-            ks._graph_moves(ks.initial(), False, only=choice[1])
-        for first in itertools.islice(firsts, 4):
-            missing = ks._missing(first)
-            index = {t.id: n for n, t in enumerate(first.tensors)}
-            for last in itertools.islice(ks._graph_moves(first, True), 25):
-                kernel = last.kernels[-1]
-                floor = ks._whole_floor(first, tuple(sorted(index[t] for t in kernel.tensor_inputs)), missing)
-                prefix = ks._prefix(last)
-                assert prefix is not None
-                least = min(ks._floors(last, *prefix, kernel).values(), default=float("inf"))
-                assert floor <= least * (1 + 1e-9), kernel
-                ratios.append(least / floor)
+    for first in _first_kernels(ks, depth=2, choices=4, each=4):
+        missing = ks._missing(first)
+        index = {t.id: n for n, t in enumerate(first.tensors)}
+        for last in itertools.islice(ks._graph_moves(first, True), 25):
+            kernel = last.kernels[-1]
+            floor = ks._whole_floor(first, tuple(sorted(index[t] for t in kernel.tensor_inputs)), missing)
+            prefix = ks._prefix(last)
+            assert prefix is not None
+            least = min(ks._floors(last, *prefix, kernel).values(), default=float("inf"))
+            assert floor <= least * (1 + 1e-9), kernel
+            ratios.append(least / floor)
     assert len(ratios) >= 15
     assert spec != "gqa" or min(ratios) < 2.0, min(ratios)
 
@@ -492,27 +502,22 @@ def test_middle_kernel_floor_is_below_every_candidate_through_it(h100, spec):
     candidate grown through such a kernel, so cutting by it never cuts a graph that could win;
     and at the published shape it binds: within 2x of some of them. So is the bound of each
     state on the way (its kernels, the launches to come and the bytes they owe, `_owed`)."""
-    program = workloads.resolve(spec)
-    ks = KernelSearch(program, space_of(program), Oracle(program), SearchConfig(), target=h100)
-    ks.bound_s = 1.0  # any finite bound: the floors are computed
+    ks = _with_floors(spec, h100)
     ratios = []
-    for choice in ks.first_choices(3)[:3]:
-        firsts = ks._library_moves(ks.initial(), False) if choice[0] == "library" else \
-            ks._graph_moves(ks.initial(), False, only=choice[1])
-        for first in itertools.islice(firsts, 3):
-            floor = ks._middle_floor(first, 1)
-            index = {t.id: n for n, t in enumerate(first.tensors)}
-            for middle in itertools.islice(ks._graph_moves(first, False), 30):
-                subset = tuple(sorted(index[t] for t in middle.kernels[-1].tensor_inputs))
-                for last in itertools.islice(ks.moves(middle, final=True), 5):
-                    cand = ks._candidate(last)
-                    if cand is None or not (ranked := rank(cand, h100)):
-                        continue
-                    best = ranked[0].estimate.time_s * (1 + 1e-9)
-                    assert floor(subset) <= best, cand.dumps()
-                    for state, left in ((first, 2), (middle, 1)):
-                        assert left * ks.launch_s + ks._spent(state) + ks._owed(state)(()) / ks.bandwidth <= best
-                    ratios.append(best / floor(subset))
+    for first in _first_kernels(ks, depth=3, choices=3, each=3):
+        floor = ks._middle_floor(first, 1)
+        index = {t.id: n for n, t in enumerate(first.tensors)}
+        for middle in itertools.islice(ks._graph_moves(first, False), 30):
+            subset = tuple(sorted(index[t] for t in middle.kernels[-1].tensor_inputs))
+            for last in itertools.islice(ks.moves(middle, final=True), 5):
+                cand = ks._candidate(last)
+                if cand is None or not (ranked := rank(cand, h100)):
+                    continue
+                best = ranked[0].estimate.time_s * (1 + 1e-9)
+                assert floor(subset) <= best, cand.dumps()
+                for state, left in ((first, 2), (middle, 1)):
+                    assert left * ks.launch_s + ks._spent(state) + ks._owed(state)(()) / ks.bandwidth <= best
+                ratios.append(best / floor(subset))
     assert len(ratios) >= 10
     assert spec != "gqa" or min(ratios) < 2.0, min(ratios)
 
@@ -525,9 +530,7 @@ def test_chunk_merge_floors_are_below_every_candidate_that_merges_later(h100, sp
     one checked before a last kernel's block graphs (`_last_graph_floor`), are at most the cost
     model's best time of every candidate grown from the state, at two and three kernels; and at
     the published shape they bind: some candidate is within 2x of them."""
-    program = workloads.resolve(spec)
-    ks = KernelSearch(program, space_of(program), Oracle(program), SearchConfig(), target=h100)
-    ks.bound_s = 1.0  # any finite bound: the floors are computed
+    ks = _with_floors(spec, h100)
     start = ks.initial()
     inputs = tuple(range(len(start.tensors)))
     chunked = [f for f in ks._graph_moves(start, False, only=inputs) if any(t.chunk for t in f.tensors)]
