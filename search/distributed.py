@@ -5,12 +5,13 @@ prove (`settle`), a part of the loop bodies of a first kernel's block space (wal
 part per worker: a walk's parts are uneven, and more of them repeat more of its first levels), or
 the first kernel's choice and a part of its block graphs, given the loop bodies of that part
 (which also returns that part's first kernels of deeper graphs), or a share of those first
-kernels, dealt out. A worker process keeps one `Searcher` per job — the
-oracle is saturated once and the memoized block graphs are reused by every shard of that job the
-worker runs. Shards are submitted two per worker ahead, each made with the proofs merged so far.
-Results merge in a total order, so 1 and N workers return the same verified set and winner. A
-worker that dies mid-shard costs a retry (Ray re-runs the task, `max_retries`); a shard that raises
-fails the search with its error (`ShardFailed` names the shard), never silently.
+kernels, dealt out. A worker process keeps one `Searcher` per job (the oracle is saturated once
+and the memoized block graphs are reused by every shard of that job the worker runs) and forgets
+the last job's when a new one comes. Shards are submitted two per worker ahead, each made with
+the proofs merged so far. Results merge in a total order, so 1 and N workers return the same
+verified set and winner. A worker that dies mid-shard costs a retry (Ray re-runs the task,
+`max_retries`); a shard that raises fails the search with its error (`ShardFailed` names the
+shard), never silently.
 
 Ray starts locally on demand (dashboard off, `num_cpus` = workers) unless an address is given
 (`ray start --head` elsewhere, then `--ray-address HOST:PORT` or `auto`). A job that is small by an

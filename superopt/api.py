@@ -21,6 +21,7 @@ from superopt import costmodel
 from superopt.config import SearchConfig
 from superopt.program import Program
 from superopt.result import Candidate, Result, SearchStats, Verdict
+from superopt.sgraph import SGraph
 from superopt.targets import TARGETS, Target, fingerprint
 from superopt.targets import target as named_target
 
@@ -148,7 +149,7 @@ def _verified_sgraphs(
 
 
 def _reuse_is_complete(
-    program: Program, target: Target, config: SearchConfig, timed: list[tuple[Any, float]], depth: int,
+    program: Program, target: Target, config: SearchConfig, timed: list[tuple[SGraph, float]], depth: int,
 ) -> bool:
     """Can these re-instantiated sGraphs (with their best estimated times) stand for a search at
     this shape? The earlier search kept every kernel graph of up to `depth` kernels (its generic
