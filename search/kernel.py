@@ -133,6 +133,7 @@ class KernelSearch:
         self._output_classes = [tuple(classes[(o, d)] for d in range(len(self.program.nodes[o].shape)))
                                 for o in self.program.outputs]
         self._whole_floors: dict[tuple[Any, ...], float] = {}  # last kernel's inputs -> `_whole_floor`
+        self._middle_owns: dict[tuple[Any, ...], float] = {}  # a middle kernel's inputs -> `_middle_own`
         self._free_kernels = self.space.launches(1) == 0  # any kernel to come may be a free view
         # Each grid axis splits a divisor of a program dim: the least latency of a loop iteration.
         self._iteration_s = 0.0 if self.target is None else costmodel.iteration_floor(
@@ -541,16 +542,42 @@ class KernelSearch:
     def _middle_floor(self, s: KState, later: int) -> Callable[[tuple[int, ...]], float]:
         """The least time of `s` plus a graph kernel over a subset of its tensors and `later`
         kernels after it, known before that kernel's block graphs are: `s`'s kernels, each later
-        one's launch, this kernel's launch plus the larger of its inputs' bytes at full bandwidth
-        and one loop iteration, and what the later kernels must move (`_owed`)."""
+        one's launch, this kernel's least time (`_middle_own`) and what the later kernels must
+        move (`_owed`)."""
         spent = self._spent(s) + self.space.launches(later) * self.launch_s
         owed = self._owed(s)
 
         def floor(subset: tuple[int, ...]) -> float:
-            own = max(sum(self._bytes(s.tensors[i]) for i in subset) / self.bandwidth, self._iteration_s)
-            return spent + self.launch_s + own + owed(subset) / self.bandwidth
+            return spent + self._middle_own(s, subset) + owed(subset) / self.bandwidth
 
         return floor
+
+    def _middle_own(self, s: KState, subset: tuple[int, ...]) -> float:
+        """The least time of a graph kernel that reads these tensors of `s` and is not the last:
+        its launch plus the larger of their bytes at full bandwidth and one loop iteration; when
+        none is per-chunk partials, `costmodel.whole_reduction_floor` with its grid free to split
+        any class of what it reads (it may write partial results) and nothing written: splitting
+        a class re-reads every input without it, so a grid large enough to fill the DRAM pipe
+        re-reads some input (attention's Q, K and Q K: 0.9 us more than their bytes on an H100)."""
+        tensors = [s.tensors[i] for i in subset]
+        own = self.launch_s + max(sum(map(self._bytes, tensors)) / self.bandwidth, self._iteration_s)
+        if self.target is None or any(t.chunk is not None for t in tensors):
+            return own  # a merge's loop walks the chunks: its reads are not one tile per block
+        sizes: dict[int, int] = {}
+        for t in tensors:
+            for c, d in zip(t.classes, t.shape, strict=True):
+                size = d.int_value() if d.is_const() else 1
+                if c == NO_CLASS or size == 1:
+                    continue  # a unit dim: nothing to split
+                if sizes.setdefault(c, size) != size:
+                    return own  # a class split at two sizes: no axis divides both
+        read = tuple(sorted((self._bytes(t), frozenset(t.classes) - {NO_CLASS}) for t in tensors))
+        key = (read, tuple(sorted(sizes.items())))
+        hit = self._middle_owns.get(key)
+        if hit is None:
+            hit = self._middle_owns[key] = costmodel.whole_reduction_floor(
+                self.target, read, 0.0, sizes, self.config.max_grid_axes)
+        return max(own, hit)
 
     def _owed(self, s: KState) -> Callable[[tuple[int, ...]], float]:
         """The fewest bytes the kernels after `s` must move, but for one reading a subset of its

@@ -522,6 +522,27 @@ def test_middle_kernel_floor_is_below_every_candidate_through_it(h100, spec):
     assert spec != "gqa" or min(ratios) < 2.0, min(ratios)
 
 
+@pytest.mark.parametrize("spec", ["gqa", "lora", "rmsnorm_mlp:ci"])
+def test_middle_kernel_own_floor_is_below_every_middle_kernel_over_its_inputs(h100, spec):
+    """A kernel that is not the last may write partial results, so its grid may split any class
+    of what it reads (`_middle_own`: `whole_reduction_floor` over every class): its floor is at
+    most the cost model's least time of every middle kernel the search builds over those tensors,
+    and it binds beyond the inputs' bytes at full bandwidth: splitting the grid enough to keep
+    the DRAM pipe full re-reads the inputs that lack a split class."""
+    ks = _with_floors(spec, h100)
+    checked, tighter = 0, 0
+    for first in _first_kernels(ks, depth=3, choices=3, each=3):
+        index = {t.id: n for n, t in enumerate(first.tensors)}
+        for middle in itertools.islice(ks._graph_moves(first, False), 60):
+            subset = tuple(sorted(index[t] for t in middle.kernels[-1].tensor_inputs))
+            own = ks._middle_own(first, subset)
+            assert ks._spent(first) + own <= ks._spent(middle) * (1 + 1e-9), middle.kernels[-1]
+            read = sum(ks._bytes(first.tensors[i]) for i in subset) / ks.bandwidth
+            tighter += own > ks.launch_s + max(read, ks._iteration_s) * 1.01
+            checked += 1
+    assert checked >= 60 and tighter >= 10, (checked, tighter)
+
+
 @pytest.mark.parametrize("spec", ["gqa", "gqa:ci"])
 def test_chunk_merge_floors_are_below_every_candidate_that_merges_later(h100, spec):
     """A first kernel writing per-chunk partials is bounded together with the kernel that will
