@@ -479,14 +479,13 @@ class Generator:
         if shaped is None:
             return None
         classes, dims = shaped
-        roots = tuple(classes.find(d) for d in dims)
-        value = self._eclass(aid)
-        for other in s.tiles:
-            if other.phase == phase and self._same_value(other.aid, aid, value) and \
-                    tuple(classes.find(d) for d in other.dims) == roots:
+        # Abstract values drop signs: -t has t's value, yet computes what no other tile holds
+        # (the finite fields tell which sign is right); only -(-t), which is t, is a recomputation.
+        if op == "neg":
+            if tiles[0].op == "neg":
                 self.pruned += 1
-                return None  # recomputes an existing tile
-        if op != "acc" and self._recomputes(s, args, aid, phase):
+                return None
+        elif self._holds(s, aid, phase, classes, dims) or (op != "acc" and self._recomputes(s, args, aid, phase)):
             self.pruned += 1
             return None
         gathers = op == "acc" and _gathers(tiles[0])
@@ -547,6 +546,13 @@ class Generator:
             aid = self._ids[e] = len(self._exprs)
             self._exprs.append(e)
         return aid
+
+    def _holds(self, s: BlockState, aid: int, phase: int, classes: Classes, dims: tuple[int, ...]) -> bool:
+        """Does an existing tile of this phase hold this value (`_same_value`) over the same dims?"""
+        roots = tuple(classes.find(d) for d in dims)
+        value = self._eclass(aid)
+        return any(other.phase == phase and self._same_value(other.aid, aid, value)
+                   and tuple(classes.find(d) for d in other.dims) == roots for other in s.tiles)
 
     def _same_value(self, a: int, b: int, b_class: str | None) -> bool:
         """Equal expressions, or equal under the target's axioms (one e-class; `b_class` is b's):

@@ -176,7 +176,8 @@ def _result(program: Program, choice: TargetChoice, outcome: Any) -> Result:
     ordered = sorted(outcome.verified, key=lambda v: v.sort_key())
     baseline = next((v for v in ordered if v.sgraph.name.endswith(".unfused")), None)
     if baseline is None:
-        raise NoCandidate(f"{program.name}: not even the unfused baseline could be verified")
+        why = next((why for name, why in outcome.rejected if name.endswith(".unfused")), "not reached")
+        raise NoCandidate(f"{program.name}: not even the unfused baseline could be verified ({why})")
     candidates: list[Candidate] = []
     winner: Candidate | None = None
     for v in ordered:

@@ -19,6 +19,7 @@ class DType:
     # reference: max|out - ref| / max|ref|. Loose enough for fp32 accumulation over thousands
     # of terms with operands rounded to the dtype, tight enough that a wrong tile shows.
     tolerance: float
+    largest: float  # the largest finite magnitude it holds
 
     def round(self, x: np.ndarray) -> np.ndarray:
         """Round float values to what this dtype can store, returned as float32 (or float64)."""
@@ -33,9 +34,9 @@ class DType:
 
 
 DTYPES: dict[str, DType] = {
-    "f16": DType("f16", 2, 1e-2),
-    "bf16": DType("bf16", 2, 4e-2),
-    "f32": DType("f32", 4, 1e-4),
+    "f16": DType("f16", 2, 1e-2, float(np.finfo(np.float16).max)),
+    "bf16": DType("bf16", 2, 4e-2, 3.3895313892515355e38),  # (2 - 2**-7) * 2**127
+    "f32": DType("f32", 4, 1e-4, float(np.finfo(np.float32).max)),
 }
 
 

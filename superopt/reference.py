@@ -8,12 +8,15 @@ a framework running the program op by op stores); in float64 nothing is rounded.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from itertools import islice, product
 
 import numpy as np
 
 from superopt.dtypes import DType, dtype
 from superopt.primitives import ArrayAlgebra, apply
 from superopt.program import Program
+
+SIGN_PATTERNS = 16  # sign patterns of the inputs tried where signed ones leave a program undefined: all of four inputs
 
 
 class FloatAlgebra(ArrayAlgebra[np.ndarray]):
@@ -96,6 +99,11 @@ class FloatAlgebra(ArrayAlgebra[np.ndarray]):
 
 def evaluate(program: Program, inputs: Mapping[str, np.ndarray], exact: bool = True) -> list[np.ndarray]:
     """Run `program`. exact=True: float64 throughout; False: the program's dtype, op by op."""
+    values = _node_values(program, inputs, exact)
+    return [values[o] for o in program.outputs]
+
+
+def _node_values(program: Program, inputs: Mapping[str, np.ndarray], exact: bool = True) -> dict[str, np.ndarray]:
     alg = FloatAlgebra(None if exact else dtype(program.dtype))
     values: dict[str, np.ndarray] = {}
     for n in program.topological():
@@ -108,7 +116,7 @@ def evaluate(program: Program, inputs: Mapping[str, np.ndarray], exact: bool = T
         args = [values[i] for i in n.inputs]
         out = apply(alg, n.op, args, n.attrs, [program.nodes[i].shape for i in n.inputs])
         values[n.id] = alg.round(out, dtype(n.dtype) if n.dtype else None)
-    return [values[o] for o in program.outputs]
+    return values
 
 
 def random_inputs(program: Program, seed: int) -> dict[str, np.ndarray]:
@@ -138,14 +146,31 @@ def random_inputs(program: Program, seed: int) -> dict[str, np.ndarray]:
 
 def inputs_and_reference(program: Program, seed: int) -> tuple[dict[str, np.ndarray], list[np.ndarray]]:
     """`random_inputs` and the program's float64 outputs on them. Where the program is undefined
-    at signed inputs (a square root of an input), the inputs are taken positive (their absolute
-    values: still random, never zero), since no comparison with a NaN reference means anything."""
-    inputs = random_inputs(program, seed)
-    refs = evaluate(program, inputs)
-    if not all(np.all(np.isfinite(r)) for r in refs):
-        inputs = {name: np.abs(x) for name, x in inputs.items()}
-        refs = evaluate(program, inputs)
-    return inputs, refs
+    at signed inputs (a square root of an input) or overflows its dtype there (a division by a
+    row sum of signed values near zero, then exp), each input is given one sign (its magnitudes
+    still random, never zero): all positive first, then the other patterns, up to
+    `SIGN_PATTERNS`, until one defines the program (the square root of -X @ W wants X negative).
+    No comparison with a NaN reference means anything, and no computation in the dtype can
+    match values it cannot hold, the unfused program's included."""
+    signed = random_inputs(program, seed)
+    values = _node_values(program, signed)
+    if _representable(program, values):
+        return signed, [values[o] for o in program.outputs]
+    tried: tuple[dict[str, np.ndarray], dict[str, np.ndarray]] | None = None
+    for signs in islice(product((1.0, -1.0), repeat=len(signed)), SIGN_PATTERNS):
+        inputs = {name: sign * np.abs(x) for (name, x), sign in zip(signed.items(), signs, strict=True)}
+        values = _node_values(program, inputs)
+        if _representable(program, values):
+            return inputs, [values[o] for o in program.outputs]
+        tried = tried or (inputs, values)
+    assert tried is not None
+    return tried[0], [tried[1][o] for o in program.outputs]  # all positive: the float layer will say why
+
+
+def _representable(program: Program, values: Mapping[str, np.ndarray]) -> bool:
+    """Is every computed value finite and within its node's dtype (inputs are, by construction)?"""
+    return all(np.all(np.abs(values[n.id]) <= dtype(n.dtype or "f32").largest)
+               for n in program.nodes.values() if n.op != "input")
 
 
 def max_rel_err(out: np.ndarray, ref: np.ndarray) -> float:

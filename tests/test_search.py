@@ -391,6 +391,23 @@ def test_a_block_graph_never_computes_one_value_twice():
     assert scaled is not None and len(forms) == 2
 
 
+def test_a_negation_is_fused_though_abstract_values_drop_signs(h100):
+    """Abstract values drop signs, so -t looked like a recomputation of t and no block graph
+    could negate: -(X·0.5) @ W stayed four library kernels. A tile may be negated (a negation
+    may not), the finite fields tell the right sign, and the e-graph moves signs outward."""
+    p = Program("negated")
+    x, w = p.input("X", (4, 8), "f16"), p.input("W", (8, 6), "f16")
+    p.output(p.neg(p.mul(x, 0.5)) @ w)
+    best = run_search(p, h100, SearchConfig()).best
+    assert len(best.sgraph.kernels) == 1 and best.verdict.proved
+    (kernel,) = graph_kernels(best.sgraph)
+    assert [op.op for op in (*kernel.block.body, *kernel.block.post)].count("neg") == 1
+    gen = Generator(space_of(p), Oracle(p), 4)
+    specs = [InputSpec(0, (4, 8), ("inp", "X"), (0, 1)), InputSpec(1, (8, 6), ("inp", "W"), (1, 2))]
+    for s in gen.complete_graphs(gen.start(specs)):
+        assert not any(t.op == "neg" and s.tiles[t.args[0]].op == "neg" for t in s.tiles)
+
+
 @pytest.mark.parametrize(("spec", "depth"), [("gqa:ci", 2), ("lora:ci", 3)])
 def test_graphs_whose_last_kernel_merges_computed_tensors_come_first(spec, depth):
     """Within a shard, graphs whose last kernel reads only computed tensors (a merge, a division)

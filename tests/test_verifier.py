@@ -233,6 +233,40 @@ def _row_mean_sgraph(p: Program) -> SGraph:
     return b.build(["O"])
 
 
+def _negated_matmul_program() -> Program:
+    p = Program("negated_mm")
+    x, w = p.input("X", (4, 16), "f32"), p.input("W", (16, 12), "f32")
+    p.output(p.op("matmul", p.neg(x), p.neg(w), name="O"))
+    return p
+
+
+def _negated_matmul_sgraph(p: Program) -> SGraph:
+    """-X @ -W as X @ W: the signs cancel."""
+    b = SGraphBuilder.for_program(p)
+    k = b.graph(grid=[("x", "gx")], loop=("f", "F"))
+    k.output(k.acc(k.op("matmul", k.input("X", [None], 1), k.input("W", [1], 0))), "O", [1])
+    return b.build(["O"])
+
+
+def _negated_rows_program(kind: str) -> Program:
+    p = Program(f"negated_{kind}")
+    x, y = p.input("X", (6, 16), "f32"), p.input("Y", (6, 16), "f32")
+    p.output(p.op(kind, p.neg(x) * y, name="P", dim=-1, keepdim=True),
+             p.op(kind, p.neg(x) / y, name="Q", dim=-1, keepdim=True))
+    return p
+
+
+def _negated_rows_sgraph(p: Program, kind: str) -> SGraph:
+    """Row reductions (sum or mean) of -X * Y and -X / Y over a loop: the first negated after
+    the loop, the second negated chunk by chunk before the accumulator."""
+    b = SGraphBuilder.for_program(p)
+    k = b.graph(grid=[("x", "gx")], loop=("f", "F"))
+    xt, yt = k.input("X", [0], 1), k.input("Y", [0], 1)
+    k.output(k.after("neg", k.acc(k.op(kind, k.op("mul", xt, yt), dim=1, keepdim=True), kind)), "P", [0])
+    k.output(k.acc(k.op("neg", k.op(kind, k.op("div", xt, yt), dim=1, keepdim=True)), kind), "Q", [0])
+    return b.build(["P", "Q"])
+
+
 def _split_k_program(kind: str) -> Program:
     """(X @ A) then a matmul on the left or right, or a row scale."""
     p = Program(f"splitk_{kind}")
@@ -280,6 +314,11 @@ TARGETED = {
     "sum without keepdim, cols split": (lambda: _squeeze_program(0), lambda p: _squeeze_sgraph(p, 0)),
     "row-scaled matmul": (_scaled_matmul_program, _scaled_matmul_sgraph),
     "row mean over a loop": (_row_mean_program, _row_mean_sgraph),
+    "negated operands of a matmul": (_negated_matmul_program, _negated_matmul_sgraph),
+    "row sums of negated values, negated after or before the loop": (
+        lambda: _negated_rows_program("sum"), lambda p: _negated_rows_sgraph(p, "sum")),
+    "row means of negated values, negated after or before the loop": (
+        lambda: _negated_rows_program("mean"), lambda p: _negated_rows_sgraph(p, "mean")),
 }
 
 
@@ -361,6 +400,59 @@ def test_a_program_undefined_at_negative_inputs_is_checked_at_positive_ones(h100
     program = workloads.resolve("rmsnorm_matmul:ci")
     kept, _ = inputs_and_reference(program, 5)
     assert all((kept[k] == random_inputs(program, 5)[k]).all() for k in kept)
+
+
+def test_a_program_that_overflows_its_dtype_at_signed_inputs_is_checked_at_positive_ones(tmp_path, monkeypatch):
+    """exp(((X + 1) / rowsum(X)) @ W): at some signed draws a row sum comes near zero and the
+    output exceeds what f16 holds (the float64 reference holds it; no f16 computation can, the
+    unfused program's included). Whether a correct schedule passed the float layer then depended
+    on the seed its check drew: the fused one-kernel schedule, proved at small shapes, was refuted
+    at the real ones (a fourth check, another seed) and optimize returned the unfused baseline.
+    Such draws are taken positive, as for a NaN reference; the others keep their signs."""
+    from superopt.api import optimize
+    from superopt.reference import inputs_and_reference
+
+    p = Program("overflowing")
+    x, w = p.input("X", (4, 8), "f16"), p.input("W", (8, 6), "f16")
+    p.output(p.exp(p.div(x + 1.0, p.sum(x, -1, keepdim=True)) @ w))
+    f16_max = 65504.0
+    overflowing = [s for s in range(100, 110) if not np.abs(evaluate(p, random_inputs(p, s))[0]).max() <= f16_max]
+    assert 0 < len(overflowing) < 10
+    for seed in range(100, 110):
+        signed = random_inputs(p, seed)
+        inputs, refs = inputs_and_reference(p, seed)
+        expected = {k: np.abs(a) for k, a in signed.items()} if seed in overflowing else signed
+        assert all((inputs[k] == expected[k]).all() for k in signed) and np.abs(refs[0]).max() <= f16_max
+    monkeypatch.setenv("SUPEROPT_CACHE_DIR", str(tmp_path))  # where the search keeps its sGraphs
+    best = optimize(p, target="h100", cache=False, reuse=False).report()["best"]
+    assert best["kernels"] == 1 and best["verdict"]["egraph"] == "proved", best["kernels"]
+    assert best["verdict"]["float_max_rel_err"] <= best["verdict"]["float_tolerance"]
+
+
+def test_a_program_defined_only_at_negative_inputs_is_checked_at_them(tmp_path, monkeypatch):
+    """sqrt(-X @ W) is undefined at positive inputs too: each input gets one sign, patterns
+    tried in order, until the reference is defined (X and W of opposite signs). It was refuted with
+    its baseline, and optimize said only that not even the baseline could be verified. A program
+    defined nowhere still fails, saying which layer refuted its baseline."""
+    from superopt.api import NoCandidate, optimize
+    from superopt.reference import inputs_and_reference
+
+    p = Program("rooted_negation")
+    x, w = p.input("X", (4, 16), "f16"), p.input("W", (16, 8), "f16")
+    p.output(p.sqrt(p.neg(x) @ w))
+    inputs, refs = inputs_and_reference(p, 3)
+    signed = random_inputs(p, 3)
+    signs = {k: np.sign(inputs[k]) for k in signed}
+    assert all((np.abs(inputs[k]) == np.abs(signed[k])).all() and len(np.unique(signs[k])) == 1 for k in signed)
+    assert signs["X"][0, 0] != signs["W"][0, 0] and np.isfinite(refs[0]).all()  # -X @ W >= 0: opposite signs
+    monkeypatch.setenv("SUPEROPT_CACHE_DIR", str(tmp_path))
+    best = optimize(p, target="h100", cache=False, reuse=False).report()["best"]
+    assert best["kernels"] == 1 and best["verdict"]["egraph"] == "proved"
+    nowhere = Program("nowhere")
+    y = nowhere.input("Y", (4, 16), "f16")
+    nowhere.output(nowhere.sqrt(nowhere.neg(y * y)))
+    with pytest.raises(NoCandidate, match=r"nowhere: not even the unfused baseline could be verified \(float refuted"):
+        optimize(nowhere, target="h100", cache=False, reuse=False)
 
 
 # -- constraints ---------------------------------------------------------------------------------------

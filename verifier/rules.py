@@ -268,6 +268,16 @@ RULES: list[Rule] = [
     Rule("sum-over-scale", t.sum_over(t.binary("mul", A, B), a), t.binary("mul", t.sum_over(A, a), B),
          (("indep", B, a),), _ex_over_linear("scale")),
     Rule("mean-over-invariant", t.mean_over(E, a), E, (("indep", E, a),), _ex_indep),
+    # -- signs move outward: a schedule may negate before or after a linear op ------------------
+    Rule("neg-neg", t.unary("neg", t.unary("neg", A)), A, (), _ex_comm),
+    Rule("matmul-neg-left", t.matmul(t.unary("neg", A), B), t.unary("neg", t.matmul(A, B)), (), _ex_row_scale),
+    Rule("matmul-neg-right", t.matmul(A, t.unary("neg", B)), t.unary("neg", t.matmul(A, B)), (), _ex_row_scale),
+    *[Rule(f"{op}-neg-left", t.binary(op, t.unary("neg", A), B), t.unary("neg", t.binary(op, A, B)), (), _ex_comm)
+      for op in ("mul", "div")],
+    *[Rule(f"{op}-neg", t.reduce(op, t.unary("neg", E), d), t.unary("neg", t.reduce(op, E, d)), (), _ex_over_reduce)
+      for op in ("sum", "mean")],
+    Rule("sum-over-neg", t.sum_over(t.unary("neg", A), a), t.unary("neg", t.sum_over(A, a)), (), _ex_over_add),
+    Rule("mean-over-neg", t.mean_over(t.unary("neg", A), a), t.unary("neg", t.mean_over(A, a)), (), _ex_over_add),
     # -- algebra ------------------------------------------------------------------------------
     Rule("add-comm", t.binary("add", A, B), t.binary("add", B, A), (), _ex_comm),
     Rule("mul-comm", t.binary("mul", A, B), t.binary("mul", B, A), (), _ex_comm),
