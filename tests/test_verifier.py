@@ -248,6 +248,24 @@ def _negated_matmul_sgraph(p: Program) -> SGraph:
     return b.build(["O"])
 
 
+def _swapped_difference_program() -> Program:
+    p = Program("swapped_difference")
+    x, r, w = p.input("X", (4, 16), "f32"), p.input("R", (4, 1), "f32"), p.input("W", (16, 12), "f32")
+    p.output(p.op("matmul", p.neg((x - r) * 3.0), w, name="O"))
+    return p
+
+
+def _swapped_difference_sgraph(p: Program) -> SGraph:
+    """-((X - R) * 3) @ W as (R - X) @ (W * 3): the difference swapped for the sign, the scale
+    moved to the other operand."""
+    b = SGraphBuilder.for_program(p)
+    k = b.graph(grid=[("x", "gx")], loop=("f", "F"))
+    diff = k.op("sub", k.input("R", [None], None), k.input("X", [None], 1))
+    scaled = k.op("mul", k.input("W", [1], 0), k.op("const", value=3.0))
+    k.output(k.acc(k.op("matmul", diff, scaled)), "O", [1])
+    return b.build(["O"])
+
+
 def _negated_rows_program(kind: str) -> Program:
     p = Program(f"negated_{kind}")
     x, y = p.input("X", (6, 16), "f32"), p.input("Y", (6, 16), "f32")
@@ -315,6 +333,8 @@ TARGETED = {
     "row-scaled matmul": (_scaled_matmul_program, _scaled_matmul_sgraph),
     "row mean over a loop": (_row_mean_program, _row_mean_sgraph),
     "negated operands of a matmul": (_negated_matmul_program, _negated_matmul_sgraph),
+    "a swapped difference and a scale on the other operand": (_swapped_difference_program,
+                                                               _swapped_difference_sgraph),
     "row sums of negated values, negated after or before the loop": (
         lambda: _negated_rows_program("sum"), lambda p: _negated_rows_sgraph(p, "sum")),
     "row means of negated values, negated after or before the loop": (

@@ -158,6 +158,11 @@ def _ex_row_scale(rng: np.random.Generator) -> Bindings:
     return Bindings(tensors={"A": _rand(rng, 2, 4, 3), "S": scale, "B": _rand(rng, 2, 3, 5)})
 
 
+def _ex_const_scale(rng: np.random.Generator) -> Bindings:
+    return Bindings(tensors={"A": _rand(rng, 2, 4, 3), "B": _rand(rng, 2, 3, 5)},
+                    consts={"c": float(rng.uniform(0.5, 2.0))})
+
+
 def _ex_over_reduce(rng: np.random.Generator) -> Bindings:
     sizes = _axes(rng, "x")
     return Bindings(tensors={"E": _rand(rng, 3, sizes["x"] * 2)}, dims={"d": -1}, axes={"a": "x"}, sizes=sizes)
@@ -248,6 +253,10 @@ RULES: list[Rule] = [
          (("indep", A, a), ("indep", B, a)), _ex_matmul("contract")),
     Rule("matmul-row-scale-div", t.matmul(t.binary("div", A, t.bcast(S, -1)), B),
          t.binary("div", t.matmul(A, B), t.bcast(S, -1)), (), _ex_row_scale),
+    Rule("matmul-const-left", t.matmul(t.binary("mul", A, t.const(c)), B),
+         t.binary("mul", t.matmul(A, B), t.const(c)), (), _ex_const_scale),
+    Rule("matmul-const-right", t.matmul(A, t.binary("mul", B, t.const(c))),
+         t.binary("mul", t.matmul(A, B), t.const(c)), (), _ex_const_scale),
     Rule("matmul-row-scale-mul", t.matmul(t.binary("mul", A, t.bcast(S, -1)), B),
          t.binary("mul", t.matmul(A, B), t.bcast(S, -1)), (), _ex_row_scale),
     # -- reductions over an axis --------------------------------------------------------------
@@ -276,6 +285,7 @@ RULES: list[Rule] = [
       for op in ("mul", "div")],
     *[Rule(f"{op}-neg", t.reduce(op, t.unary("neg", E), d), t.unary("neg", t.reduce(op, E, d)), (), _ex_over_reduce)
       for op in ("sum", "mean")],
+    Rule("sub-swap", t.binary("sub", A, B), t.unary("neg", t.binary("sub", B, A)), (), _ex_comm),
     Rule("sum-over-neg", t.sum_over(t.unary("neg", A), a), t.unary("neg", t.sum_over(A, a)), (), _ex_over_add),
     Rule("mean-over-neg", t.mean_over(t.unary("neg", A), a), t.unary("neg", t.mean_over(A, a)), (), _ex_over_add),
     # -- algebra ------------------------------------------------------------------------------
