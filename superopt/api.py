@@ -88,11 +88,25 @@ def optimize(
             hit = kernel_cache.lookup(program, choice.fingerprint, config)
             if hit is not None:
                 return hit
+    _check_defined(program)
     outcome = _verified_sgraphs(program, choice, config, budget_s, max_states, progress, reuse, workers, ray_address)
     result = _result(program, choice, outcome)
     if kernel_cache is not None:
         kernel_cache.store(result, config)
     return result
+
+
+def _check_defined(program: Program) -> None:
+    """Refuse at once a program that is not finite at random inputs of any sign (at the small
+    shapes the float checks start with): no schedule, the unfused one included, can be checked
+    against it, and a search would spend its whole budget proving nothing."""
+    from superopt.reference import undefined_node
+    from superopt.shrink import shrink
+
+    node = undefined_node(shrink(program))
+    if node is not None:
+        raise NoCandidate(f"{program.name}: node {node.id!r} ({node.op}) is not finite in {node.dtype or 'f32'} "
+                          "at random inputs of any sign, so no schedule can be checked against the program")
 
 
 def _verified_sgraphs(

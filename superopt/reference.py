@@ -14,7 +14,7 @@ import numpy as np
 
 from superopt.dtypes import DType, dtype
 from superopt.primitives import ArrayAlgebra, apply
-from superopt.program import Program
+from superopt.program import Node, Program
 
 SIGN_PATTERNS = 16  # sign patterns of the inputs tried where signed ones leave a program undefined: all of four inputs
 
@@ -152,25 +152,42 @@ def inputs_and_reference(program: Program, seed: int) -> tuple[dict[str, np.ndar
     `SIGN_PATTERNS`, until one defines the program (the square root of -X @ W wants X negative).
     No comparison with a NaN reference means anything, and no computation in the dtype can
     match values it cannot hold, the unfused program's included."""
+    inputs, values = _defined_inputs(program, seed)
+    return inputs, [values[o] for o in program.outputs]
+
+
+def undefined_node(program: Program, seed: int = 0) -> Node | None:
+    """The first node whose value is not finite in its dtype at every input sign pattern that
+    `inputs_and_reference` tries (None: the program is defined there). No float check of any
+    schedule can pass against such a program."""
+    _, values = _defined_inputs(program, seed)
+    return next((n for n in program.topological() if n.op != "input" and not _fits(n, values[n.id])), None)
+
+
+def _defined_inputs(program: Program, seed: int) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """`inputs_and_reference`'s inputs, with every node's float64 value at them."""
     signed = random_inputs(program, seed)
     values = _node_values(program, signed)
     if _representable(program, values):
-        return signed, [values[o] for o in program.outputs]
-    tried: tuple[dict[str, np.ndarray], dict[str, np.ndarray]] | None = None
+        return signed, values
+    first: tuple[dict[str, np.ndarray], dict[str, np.ndarray]] | None = None
     for signs in islice(product((1.0, -1.0), repeat=len(signed)), SIGN_PATTERNS):
         inputs = {name: sign * np.abs(x) for (name, x), sign in zip(signed.items(), signs, strict=True)}
         values = _node_values(program, inputs)
         if _representable(program, values):
-            return inputs, [values[o] for o in program.outputs]
-        tried = tried or (inputs, values)
-    assert tried is not None
-    return tried[0], [tried[1][o] for o in program.outputs]  # all positive: the float layer will say why
+            return inputs, values
+        first = first or (inputs, values)
+    assert first is not None
+    return first  # all positive: the float layer will say why
 
 
 def _representable(program: Program, values: Mapping[str, np.ndarray]) -> bool:
     """Is every computed value finite and within its node's dtype (inputs are, by construction)?"""
-    return all(np.all(np.abs(values[n.id]) <= dtype(n.dtype or "f32").largest)
-               for n in program.nodes.values() if n.op != "input")
+    return all(_fits(n, values[n.id]) for n in program.nodes.values() if n.op != "input")
+
+
+def _fits(node: Node, value: np.ndarray) -> bool:
+    return bool(np.all(np.abs(value) <= dtype(node.dtype or "f32").largest))
 
 
 def max_rel_err(out: np.ndarray, ref: np.ndarray) -> float:

@@ -1,0 +1,113 @@
+"""Random small programs through `superopt.optimize`: is every answer proved, and is it fused?
+
+Each program is a short random chain over X @ W (unary ops, norms, softmax, reductions against X,
+constants; sometimes a second product X @ V, a trailing norm or reduction as a second output),
+in f16, bf16 or f32, batched or not, drawn from `--seed`. Printed per program: its ops, the
+search time, the winner's kernel count and speedup over the unfused baseline, and a verdict:
+`ok` (proved), `baseline` (no fused schedule proved within the budget: a search or prover gap to
+look at), `error` (optimize raised; the message), `NOT PROVED` (a soundness failure: never
+expected). Writes JSON. Bugs it found: float checks at inputs where the program overflows its
+dtype, programs defined only at negative inputs, unfusable negations, unprovable swapped
+differences.
+
+    .venv/bin/python scripts/fuzz_optimize.py [--seed 1] [--count 30] [--budget-s 20] [--json out/fuzz.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import tempfile
+import time
+from pathlib import Path
+
+from superopt import Program
+from superopt.api import optimize
+from superopt.program import Tensor
+
+UNARY = ["exp", "sqrt", "silu", "relu", "neg", "square", "sigmoid", "gelu", "rsqrt"]
+BINARY = ["add", "mul", "sub", "div"]
+
+
+def random_program(rng: random.Random) -> Program:
+    p = Program(f"fuzz{rng.randrange(10**6)}")
+    dtype = rng.choice(["f16", "f16", "bf16", "f32"])
+    n, d, e = rng.choice([(4, 8, 6), (2, 16, 8), (8, 4, 12), (16, 32, 8)])
+    batch = (2,) if rng.random() < 0.3 else ()
+    x = p.input("X", (*batch, n, d), dtype)
+    w = p.input("W", (*batch, d, e), dtype)
+    t: Tensor = x
+    for _ in range(rng.randrange(0, 4)):
+        r = rng.random()
+        if r < 0.25:
+            t = p.op(rng.choice(UNARY), t)
+        elif r < 0.4:
+            t = p.rms_norm(t, -1)
+        elif r < 0.5:
+            t = p.softmax(t, -1)
+        elif r < 0.7:
+            t = p.op(rng.choice(BINARY), t, x)
+        elif r < 0.85:
+            t = p.op(rng.choice(["div", "sub", "mul"]), t, p.op(rng.choice(["sum", "mean", "max"]), x, dim=-1,
+                                                                  keepdim=True))
+        else:
+            t = p.op(rng.choice(["mul", "add", "div"]), t, rng.choice([0.5, 2.0, 3.0]))
+    out = t @ w
+    if rng.random() < 0.3:
+        out = p.op(rng.choice(["add", "mul"]), out, x @ p.input("V", (*batch, d, e), dtype))
+    if rng.random() < 0.3:
+        out = p.op(rng.choice(UNARY[:4]), out)
+    extra = [p.op(rng.choice(["sum", "max"]), out, dim=-1, keepdim=True)] if rng.random() < 0.2 else []
+    if rng.random() < 0.2:
+        out = p.rms_norm(out, -1)
+    p.output(out, *extra)
+    return p
+
+
+def run(program: Program, budget_s: float) -> dict[str, object]:
+    ops = [n.op for n in program.topological() if n.op not in ("input", "const")]
+    row: dict[str, object] = {"program": program.name, "summary": program.summary(), "ops": ops}
+    t0 = time.perf_counter()
+    try:
+        report = optimize(program, target="h100", budget_s=budget_s, cache=False, reuse=False).report()
+    except Exception as e:  # every failure is a finding to print
+        row.update(seconds=round(time.perf_counter() - t0, 2), verdict="error", error=f"{type(e).__name__}: {e}")
+        return row
+    best = report["best"]
+    proved = best["verdict"]["egraph"] == "proved" and \
+        best["verdict"]["float_max_rel_err"] <= best["verdict"]["float_tolerance"]
+    fused = not best["sgraph"]["name"].endswith(".unfused")
+    row.update(seconds=round(time.perf_counter() - t0, 2), kernels=best["kernels"], speedup=round(best["speedup"], 2),
+               budget_exhausted=report["search"]["budget_exhausted"],
+               verdict="NOT PROVED" if not proved else "ok" if fused else "baseline")
+    return row
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--count", type=int, default=30)
+    ap.add_argument("--budget-s", type=float, default=20.0)
+    ap.add_argument("--json", default="out/fuzz.json")
+    args = ap.parse_args()
+    rows = []
+    with tempfile.TemporaryDirectory() as cache:  # kept sGraphs of throwaway programs go nowhere
+        os.environ["SUPEROPT_CACHE_DIR"] = cache
+        for i in range(args.count):
+            row = run(random_program(random.Random(args.seed * 1000 + i)), args.budget_s)
+            rows.append(row)
+            detail = row.get("error") or f"{row['kernels']} kernels, x{row['speedup']}"
+            print(f"{i:3d} {row['verdict']:10s} {row['seconds']:6.1f} s  {detail}  {' '.join(row['ops'])}", flush=True)
+    counts = {v: sum(r["verdict"] == v for r in rows) for v in ("ok", "baseline", "error", "NOT PROVED")}
+    print("\n| " + " | ".join(counts) + " |\n|" + "---|" * len(counts) + "\n| " +
+          " | ".join(str(c) for c in counts.values()) + " |")
+    out = Path(args.json)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"seed": args.seed, "budget_s": args.budget_s, "counts": counts, "rows": rows}, indent=2))
+    print(f"\nwrote {out}")
+
+
+if __name__ == "__main__":
+    main()
