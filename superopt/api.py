@@ -143,7 +143,7 @@ def _verified_sgraphs(
                     if verdict.proved:
                         verified.append(Verified(sg, verdict, r))
                 stats.verified = len(verified)
-                stats.seconds = time.monotonic() - t0
+                stats.seconds = stats.best_found_s = time.monotonic() - t0
                 if _reuse_is_complete(program, choice.target, config,
                                       [(v.sgraph, v.best.estimate.time_s) for v in verified], stats.generic_depth):
                     return Outcome(verified, stats)

@@ -243,7 +243,8 @@ def _summary(result: Any) -> None:
         "re-instantiated from an earlier search (shape reuse)" if s["reused"] else
         f"searched {'symbolically' if s['symbolic'] else 'concretely'}: {s['states']} states, "
         f"{s['pruned']} pruned, {s['verified']} verified in {s['seconds']:.1f} s"
-        + (" (budget exhausted: best so far)" if s["budget_exhausted"] else ""))
+        + (f" (budget exhausted: the best so far, found at {s['best_found_s']:.1f} s)"
+           if s["budget_exhausted"] else ""))
     out.print(f"{result.program.name}: {how}", markup=False)
     out.print(render_sgraph(best.sgraph, best.params), markup=False)
     v = best.verdict

@@ -143,6 +143,7 @@ class SearchStats:
     symbolic: bool = True
     reused: bool = False  # verified sGraphs of an earlier search re-instantiated for this shape
     budget_exhausted: bool = False
+    best_found_s: float = 0.0  # when it first held a candidate as fast as the winner (estimated)
     depth: int = 0  # kernel counts searched completely: 1..depth (deeper ones were bounded out or not reached)
     generic_depth: int = 0  # of those, the ones no time bound cut (their sGraphs stand for any shape)
     peak_rss_mib: float = 0.0

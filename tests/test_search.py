@@ -212,12 +212,15 @@ def test_budget_returns_the_best_so_far(h100):
 
 def test_progress_reports_each_better_schedule_as_it_is_verified(h100):
     """The best so far is reported when a candidate is verified, not when its shard ends (a shard
-    can run for the whole budget)."""
+    can run for the whole budget); the report says when the winner was found (`best_found_s`)."""
     events: list[dict] = []
     outcome = run_search(workloads.resolve("rmsnorm_matmul:ci"), h100, SearchConfig(), progress=events.append)
     found = [e["best_time_us"] for e in events if e["phase"] == "found"]
     assert found == sorted(found, reverse=True) and len(found) >= 2  # the baseline, then better ones
     assert found[-1] == outcome.best.best.estimate.time_us
+    last_found = next(e for e in reversed(events) if e["phase"] == "found")
+    assert 0 < outcome.stats.best_found_s < outcome.stats.seconds  # when the winner was held, not the end
+    assert outcome.stats.best_found_s == pytest.approx(last_found["seconds"], abs=0.02)
     first_merge = next(i for i, e in enumerate(events) if e["phase"] == "verify")
     assert any(e["phase"] == "found" for e in events[1:first_merge])
 
@@ -269,6 +272,7 @@ def test_report_has_every_documented_field():
     assert report["target"] == {"name": "h100", "measured": False, "fingerprint": report["target"]["fingerprint"]}
     s = report["search"]
     assert s["symbolic"] is True and s["states"] > 0 and s["verified"] >= 2 and s["seconds"] > 0
+    assert 0 < s["best_found_s"] <= s["seconds"]
     assert isinstance(s["pruned"], int)
     b = report["best"]
     assert b["verdict"]["egraph"] == "proved" and b["verdict"]["finite_field_trials"] >= 6
