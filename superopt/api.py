@@ -97,13 +97,14 @@ def optimize(
 
 
 def _check_defined(program: Program) -> None:
-    """Refuse at once a program that is not finite at random inputs of any sign (at the small
-    shapes the float checks start with): no schedule, the unfused one included, can be checked
-    against it, and a search would spend its whole budget proving nothing."""
+    """Refuse at once a program that is not finite in its dtype at the first float check's
+    inputs, of any sign (small shapes, `FLOAT_SEED`): no schedule, the unfused one included,
+    can pass that check, and a search would spend its whole budget proving nothing."""
     from superopt.reference import undefined_node
     from superopt.shrink import shrink
+    from superopt.verifier.verify import FLOAT_SEED
 
-    node = undefined_node(shrink(program))
+    node = undefined_node(shrink(program), FLOAT_SEED)
     if node is not None:
         raise NoCandidate(f"{program.name}: node {node.id!r} ({node.op}) is not finite in {node.dtype or 'f32'} "
                           "at random inputs of any sign, so no schedule can be checked against the program")

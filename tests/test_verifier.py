@@ -453,7 +453,8 @@ def test_a_program_defined_only_at_negative_inputs_is_checked_at_them(tmp_path, 
     """sqrt(-X @ W) is undefined at positive inputs too: each input gets one sign, patterns
     tried in order, until the reference is defined (X and W of opposite signs). It was refuted with
     its baseline, and optimize said only that not even the baseline could be verified. A program
-    defined nowhere is refused before any search, naming the first node that is not finite."""
+    defined nowhere, or beyond its dtype at the first float check's inputs whatever their signs,
+    is refused before any search, naming the first node that is not finite in its dtype."""
     from superopt.api import NoCandidate, optimize
     from superopt.reference import inputs_and_reference
 
@@ -473,6 +474,11 @@ def test_a_program_defined_only_at_negative_inputs_is_checked_at_them(tmp_path, 
     nowhere.output(nowhere.sqrt(nowhere.neg(y * y)))
     with pytest.raises(NoCandidate, match=r"nowhere: node 'sqrt_3' \(sqrt\) is not finite in f16 at random inputs"):
         optimize(nowhere, target="h100", cache=False, reuse=False)
+    hot = Program("hot")  # exp(X⁴) beyond f16 at the first float check's inputs, of either sign
+    z = hot.input("Z", (2, 16), "f16")
+    hot.output(hot.exp(hot.square(z * z)) @ hot.input("W", (16, 8), "f16"))
+    with pytest.raises(NoCandidate, match=r"hot: node 'exp_3' \(exp\) is not finite in f16"):
+        optimize(hot, target="h100", cache=False, reuse=False)
 
 
 # -- constraints ---------------------------------------------------------------------------------------
