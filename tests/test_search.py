@@ -412,6 +412,21 @@ def test_a_negation_is_fused_though_abstract_values_drop_signs(h100):
         assert not any(t.op == "neg" and s.tiles[t.args[0]].op == "neg" for t in s.tiles)
 
 
+def test_an_added_constant_is_told_from_a_norms_epsilon(h100):
+    """(rms_norm(X) + 0.5) @ W: with every added constant one abstract atom, x + 0.5 and x + eps
+    (the norm's) were one value; the generator kept the first loop body per accumulated value,
+    the one adding eps, which the finite fields refuted, and the program stayed three library
+    kernels. The program's constants are leaves of their own: only the right one is generated."""
+    p = Program("biased")
+    x, w = p.input("X", (8, 4), "f16"), p.input("W", (4, 12), "f16")
+    p.output(p.op("add", p.rms_norm(x), 0.5) @ w)
+    outcome = run_search(p, h100, SearchConfig())
+    assert len(outcome.best.sgraph.kernels) == 1 and outcome.best.verdict.proved
+    (kernel,) = graph_kernels(outcome.best.sgraph)
+    assert [op.attrs for op in kernel.block.body if op.op == "const"] == [{"value": 0.5}]
+    assert not outcome.rejected  # the eps variant is not even generated
+
+
 @pytest.mark.parametrize(("spec", "depth"), [("gqa:ci", 2), ("lora:ci", 3)])
 def test_graphs_whose_last_kernel_merges_computed_tensors_come_first(spec, depth):
     """Within a shard, graphs whose last kernel reads only computed tensors (a merge, a division)

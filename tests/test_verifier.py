@@ -25,7 +25,7 @@ from superopt.verifier import constraints, finite_field
 from superopt.verifier import terms as t
 from superopt.verifier.egraph import prove
 from superopt.verifier.lowering import lower_program, lower_sgraph
-from superopt.verifier.oracle import C, Oracle, abstract_program, abstract_sgraph, factors_of, mk
+from superopt.verifier.oracle import C, Oracle, abstract_program, abstract_sgraph, constants_of, mk
 from superopt.verifier.rules import RULES
 from superopt.verifier.term_eval import Bindings, agree
 from superopt.verifier.verify import verify
@@ -564,7 +564,7 @@ def test_constant_factors_are_leaves_the_oracle_places():
     where the target's equivalent forms carry it (the normalized query, or the query itself, since
     (Q c) / |Q| = (Q / |Q|) c), never on the values."""
     program = workloads.resolve("qknorm_gqa:ci")
-    assert factors_of(program) == frozenset({0.25})
+    assert constants_of(program) == frozenset({0.25})
     oracle = Oracle(program)
     alg = oracle.alg
     q, k, v = ("inp", "Q"), ("inp", "K"), ("inp", "V")

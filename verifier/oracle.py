@@ -81,16 +81,17 @@ def _broadcast(a: tuple[int, ...], b: tuple[int, ...]) -> tuple[int, ...]:
 class AbstractAlgebra(Algebra[AV]):
     """Abstract values: tiling erased, matmul -> sum over its contraction class of mul,
     reductions -> sum (max stays max) over the class of the reduced dim, constants one atom —
-    except the program's own constant factors (`factors_of`), each a leaf ("k", value) of its own.
-    Absorbing those (x * 0.25 is x) would make the scaled value look like a recomputation of the
-    unscaled one, so the scaling could never be generated; as leaves, the oracle admits a factor
-    exactly where the target's equivalent forms carry it."""
+    except the program's own constants (`constants_of`), each a leaf ("k", value) of its own.
+    Absorbing a factor (x * 0.25 is x) would make the scaled value look like a recomputation of
+    the unscaled one, so the scaling could never be generated; one atom for every added constant
+    would make x + 0.5 and x + eps (a norm's) one value, so only the first generated could be
+    kept. As leaves, the oracle admits a constant exactly where the target's forms carry it."""
 
-    def __init__(self, factors: frozenset[float] = frozenset()) -> None:
-        self.factors = factors
+    def __init__(self, constants: frozenset[float] = frozenset()) -> None:
+        self.constants = constants
 
     def const(self, value: float) -> AV:
-        return (("k", repr(float(value))) if float(value) in self.factors else C), ()
+        return (("k", repr(float(value))) if float(value) in self.constants else C), ()
 
     def _binary(self, op: str, a: AV, b: AV) -> AV:
         return mk(op, a[0], b[0]), _broadcast(a[1], b[1])
@@ -146,18 +147,13 @@ class AbstractAlgebra(Algebra[AV]):
 RESHAPED = -2  # dims out of a reshape: the classes do not follow them (reductions over them match any)
 
 
-def factors_of(program: Program) -> frozenset[float]:
-    """The values of the program's constants that multiply (either side) or divide (as divisor)."""
-    out = set()
-    for n in program.topological():
-        for pos, i in enumerate(n.inputs):
-            if program.nodes[i].op == "const" and (n.op == "mul" or (n.op == "div" and pos == 1)):
-                out.add(float(program.nodes[i].attrs["value"]))
-    return frozenset(out)
+def constants_of(program: Program) -> frozenset[float]:
+    """The values of the program's constants (scalar operands of its ops)."""
+    return frozenset(float(n.attrs["value"]) for n in program.nodes.values() if n.op == "const")
 
 
 def abstract_program(program: Program) -> dict[str, AV]:
-    alg = AbstractAlgebra(factors_of(program))
+    alg = AbstractAlgebra(constants_of(program))
     values: dict[str, AV] = {}
     classes = input_classes(program)
     for n in program.topological():
@@ -270,7 +266,7 @@ class Oracle:
             if sum(n for _, n in egraph.all_function_sizes()) > node_limit:
                 break
         enodes = sum(n for _, n in egraph.all_function_sizes())
-        self.alg = AbstractAlgebra(factors_of(program))  # for the search's abstract values
+        self.alg = AbstractAlgebra(constants_of(program))  # for the search's abstract values
         self._nodes = _hashcons(egraph)
         self._classes: dict[AE, str | None] = {}
         self._targets = [self.class_of(e) for e in outputs]
@@ -330,7 +326,7 @@ def abstract_sgraph(sg: Any, program: Program) -> list[tuple[str, str, AE]]:
     """(kernel id, tensor id, abstract expression) for every tensor an sGraph computes."""
     from superopt.sgraph import LibraryKernel
 
-    alg = AbstractAlgebra(factors_of(program))
+    alg = AbstractAlgebra(constants_of(program))
     values: dict[str, AV] = {d.id: (("inp", d.id), cls) for d, cls in
                              zip(sg.inputs, input_classes(program).values(), strict=True)}
     out: list[tuple[str, str, AE]] = []
