@@ -160,34 +160,30 @@ def undefined_node(program: Program, seed: int = 0) -> Node | None:
     """The first node whose value is not finite in its dtype at every input sign pattern that
     `inputs_and_reference` tries (None: the program is defined there). No float check of any
     schedule can pass against such a program."""
-    _, values = _defined_inputs(program, seed)
-    return next((n for n in program.topological() if n.op != "input" and not _fits(n, values[n.id])), None)
+    return _unfit(program, _defined_inputs(program, seed)[1])
 
 
 def _defined_inputs(program: Program, seed: int) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
     """`inputs_and_reference`'s inputs, with every node's float64 value at them."""
     signed = random_inputs(program, seed)
     values = _node_values(program, signed)
-    if _representable(program, values):
+    if _unfit(program, values) is None:
         return signed, values
     first: tuple[dict[str, np.ndarray], dict[str, np.ndarray]] | None = None
     for signs in islice(product((1.0, -1.0), repeat=len(signed)), SIGN_PATTERNS):
         inputs = {name: sign * np.abs(x) for (name, x), sign in zip(signed.items(), signs, strict=True)}
         values = _node_values(program, inputs)
-        if _representable(program, values):
+        if _unfit(program, values) is None:
             return inputs, values
         first = first or (inputs, values)
     assert first is not None
     return first  # all positive: the float layer will say why
 
 
-def _representable(program: Program, values: Mapping[str, np.ndarray]) -> bool:
-    """Is every computed value finite and within its node's dtype (inputs are, by construction)?"""
-    return all(_fits(n, values[n.id]) for n in program.nodes.values() if n.op != "input")
-
-
-def _fits(node: Node, value: np.ndarray) -> bool:
-    return bool(np.all(np.abs(value) <= dtype(node.dtype or "f32").largest))
+def _unfit(program: Program, values: Mapping[str, np.ndarray]) -> Node | None:
+    """The first computed node whose value is not finite within its dtype (inputs are, by construction)."""
+    return next((n for n in program.topological()
+                 if n.op != "input" and not np.all(np.abs(values[n.id]) <= dtype(n.dtype or "f32").largest)), None)
 
 
 def max_rel_err(out: np.ndarray, ref: np.ndarray) -> float:
