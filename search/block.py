@@ -479,15 +479,9 @@ class Generator:
         if shaped is None:
             return None
         classes, dims = shaped
-        # Abstract values drop signs: -t has t's value, yet computes what no other tile holds
-        # (the finite fields tell which sign is right); only -(-t), which is t, is a recomputation.
-        if op == "neg":
-            if tiles[0].op == "neg":
-                self.pruned += 1
-                return None
-        elif self._holds(s, aid, phase, classes, dims) or (op != "acc" and self._recomputes(s, args, aid, phase)):
+        if self._holds(s, aid, phase, classes, dims) or (op != "acc" and self._recomputes(s, args, aid, phase)):
             self.pruned += 1
-            return None
+            return None  # recomputes an existing tile
         gathers = op == "acc" and _gathers(tiles[0])
         tile = Tile(op, args, attrs, phase, dims, ae, pdims, consts=consts, aid=aid, gathers=gathers)
         left = s.nops + (op != "acc")

@@ -1,7 +1,8 @@
 """Numeric fingerprints of what a graph kernel computes, for telling equal values apart from
 equal abstract expressions.
 
-Abstract expressions drop constants and signs (x / 8 and x * 8 are one), so two first kernels
+Abstract expressions drop constants the program lacks (x / 8 and x * 8 are one where 8 is not a
+program constant), so two first kernels
 with the same expressions need not compute the same tensors; and one value has many block
 graphs (a scale applied to Q, to K or to Q K). A kernel's fingerprint is its block graph run
 untiled (an accumulator is the identity, as in the abstract algebra) in float64 on fixed random

@@ -431,7 +431,7 @@ class KernelSearch:
         same function by other ops (a scale applied to Q, to K or to Q K). Same values: each
         output's abstract expression in one e-class of the target's e-graph (so the oracle admits
         the same kernels after them) and equal numeric fingerprints (`search.fingerprint`: the
-        expressions drop constants and signs). What can follow a first kernel depends only on
+        expressions drop some constants). What can follow a first kernel depends only on
         the tensors it computes, and a graph's estimate is its first kernel's own plus the
         rest's (they share no symbol but a chunk count, compared per count), so a beaten first
         kernel leads only to graphs that rank behind `keep` others. One with no valid sizes

@@ -395,10 +395,12 @@ def test_a_block_graph_never_computes_one_value_twice():
     assert scaled is not None and len(forms) == 2
 
 
-def test_a_negation_is_fused_though_abstract_values_drop_signs(h100):
-    """Abstract values drop signs, so -t looked like a recomputation of t and no block graph
-    could negate: -(X·0.5) @ W stayed four library kernels. A tile may be negated (a negation
-    may not), the finite fields tell the right sign, and the e-graph moves signs outward."""
+def test_a_negation_is_fused_wherever_the_schedule_takes_it(h100):
+    """Abstract values used to drop signs: -t looked like a recomputation of t, so no block graph
+    could negate, and -(X·0.5) @ W stayed four library kernels; the same conflation kept only the
+    first of two loop bodies whose values differ by a sign. Signs are now kept (the oracle holds
+    each one before and after products, quotients and sums), -(-t) is t, and the prover moves
+    signs outward."""
     p = Program("negated")
     x, w = p.input("X", (4, 8), "f16"), p.input("W", (8, 6), "f16")
     p.output(p.neg(p.mul(x, 0.5)) @ w)
@@ -410,6 +412,11 @@ def test_a_negation_is_fused_though_abstract_values_drop_signs(h100):
     specs = [InputSpec(0, (4, 8), ("inp", "X"), (0, 1)), InputSpec(1, (8, 6), ("inp", "W"), (1, 2))]
     for s in gen.complete_graphs(gen.start(specs)):
         assert not any(t.op == "neg" and s.tiles[t.args[0]].op == "neg" for t in s.tiles)
+    q = Program("negated_silu")  # silu(-X) is not -silu(X): negated before the silu, in the loop
+    y = q.input("X", (2, 4, 8), "f16")
+    q.output(q.op("silu", q.neg(y)) @ q.input("W", (2, 8, 6), "f16"))
+    best = run_search(q, h100, SearchConfig()).best
+    assert len(best.sgraph.kernels) == 1 and best.verdict.proved
 
 
 def test_an_added_constant_is_told_from_a_norms_epsilon(h100):

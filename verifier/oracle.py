@@ -2,14 +2,16 @@
 
 Every tensor of a candidate has an abstract expression: tiling erased (parts, concatenations and
 broadcasts are identities), `matmul -> sum(mul)`, every sum or mean reduction -> `sum`, constants
-one atom `c` that multiplication and division by absorb, signs dropped, no sizes. A reduction
+one atom `c` that multiplication and division by absorb (the program's own constants each a leaf
+of its own), signs kept, no sizes. A reduction
 records the *dim class* it reduces (superopt.dimclasses; symbolic dimension matching), so a sum
 over the wrong dim is not a subexpression of the target. An accumulator adds nothing: a sum of
 partial sums over the dim its loop walks is that same sum. The target program's abstract
 expression is saturated once in an e-graph with the
 equality axioms (commutativity and associativity of + and *, factoring x y + x z into x (y + z),
 moving * through /, sums of sums, sums distributing over + and out of /, exp(a) exp(b) =
-exp(a + b), sqrt(a) sqrt(b) = sqrt(a b); no cancellation axioms, which would make everything a
+exp(a + b), sqrt(a) sqrt(b) = sqrt(a b), a sign taken before or after a product, a quotient or a
+sum; no cancellation axioms, which would make everything a
 subexpression of everything). Distributivity is applied in the factoring direction only: expanding
 products over sums blows the e-graph up (a target with a few nested sums reached 29,000 e-nodes
 without saturating) and admits pointless prefixes such as H + H; a schedule that expands a
@@ -43,6 +45,9 @@ UNIT = NO_CLASS
 
 def mk(op: str, *kids: Any) -> AE:
     """Build an abstract expression in normal form for the directed simplifications."""
+    if op == "neg":
+        (x,) = kids
+        return x[1] if x[0] == "neg" else C if x == C else ("neg", x)
     if op == "mul":
         a, b = kids
         if a == C:
@@ -99,7 +104,8 @@ class AbstractAlgebra(Algebra[AV]):
     def add(self, a: AV, b: AV) -> AV:
         return self._binary("add", a, b)
 
-    sub = add  # signs are dropped
+    def sub(self, a: AV, b: AV) -> AV:
+        return self._binary("add", a, self.neg(b))
 
     def mul(self, a: AV, b: AV) -> AV:
         return self._binary("mul", a, b)
@@ -108,7 +114,7 @@ class AbstractAlgebra(Algebra[AV]):
         return self._binary("div", a, b)
 
     def neg(self, a: AV) -> AV:
-        return a
+        return mk("neg", a[0]), a[1]
 
     def exp(self, a: AV) -> AV:
         return mk("exp", a[0]), a[1]
@@ -175,6 +181,7 @@ class Abs(Expr):
     def add(self, other: Abs) -> Abs: ...
     def mul(self, other: Abs) -> Abs: ...
     def div(self, other: Abs) -> Abs: ...
+    def neg(self) -> Abs: ...
     def exp(self) -> Abs: ...
     def sqrt(self) -> Abs: ...
     def relu(self) -> Abs: ...
@@ -199,6 +206,12 @@ def _axioms() -> Any:
         rewrite(x.sum(c).sum(d)).to(x.sum(d).sum(c), ne(c).to(d)),
         rewrite(x.add(y).sum(c)).to(x.sum(c).add(y.sum(c))),
         rewrite(x.div(y).sum(c)).to(x.sum(c).div(y)),
+        # A sign may be taken before or after a product, a quotient or a sum: both forms are kept,
+        # so a schedule that negates early or late finds its prefixes.
+        birewrite(x.neg().mul(y)).to(x.mul(y).neg()),
+        birewrite(x.neg().div(y)).to(x.div(y).neg()),
+        birewrite(x.div(y.neg())).to(x.div(y).neg()),
+        birewrite(x.neg().sum(c)).to(x.sum(c).neg()),
         rewrite(x.mul(Abs.c())).to(x),
         rewrite(x.div(Abs.c())).to(x),
         name="abstract_axioms",
