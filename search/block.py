@@ -101,6 +101,7 @@ class Tile:
     pdims: tuple[int, ...]  # program dim class of each dim (fixed: only equal classes unify)
     tensor: int = -1  # for inputs: the kernel tensor index
     aid: int = -1  # the expression's interned id (cheap to hash and compare)
+    vid: int = -1  # the value's id: equal for expressions equal under the target's axioms (`_vid`)
     gathers: bool = False  # an accumulator of an unreduced non-input tile (see _gathers)
     consts: tuple[tuple[int, float], ...] = ()  # constant operands: (position, value)
 
@@ -172,7 +173,8 @@ class Generator:
         self._single_memo: dict[tuple[Any, ...], tuple[list[RankedStep], list[RankedStep]]] = {}
         self._ids: dict[AE, int] = {}
         self._exprs: list[AE] = []
-        self._eclasses: list[str | None] = []  # by interned id, filled on demand
+        self._vids: list[int] = []  # by interned id, filled on demand (see `_vid`)
+        self._vid_of_class: dict[str, int] = {}
         self._subterms: dict[tuple[int, int], bool] = {}
         self._binary_ops = [op for op in self.space.block_ops if op in ops.BINARY or op == "matmul"]
 
@@ -198,7 +200,8 @@ class Generator:
                     classes, c = classes.add(size, pc)
                     dims.append(c)
             pdims = tuple(UNIT if d == UNIT else pc for d, pc in zip(dims, spec.classes, strict=True))
-            tiles.append(Tile("input", (), (), 0, tuple(dims), spec.ae, pdims, spec.tensor, self._intern(spec.ae)))
+            aid = self._intern(spec.ae)
+            tiles.append(Tile("input", (), (), 0, tuple(dims), spec.ae, pdims, spec.tensor, aid, self._vid(aid)))
             if spec.tied_dim is not None:
                 tied.append((n, spec.tied_dim))
         return BlockState(tuple(tiles), classes, frozenset(), 0, (), tuple(tied))
@@ -369,27 +372,40 @@ class Generator:
         """The ops that may extend `s` in this phase: (op, operands, attributes, constants)."""
         # An op's key starts with its newest operand, and keys must increase: only ops reading a
         # tile at least as new as the previous op's newest operand can follow it.
-        newest = s.last_key[0] if s.last_key else 0
-        mine = [k for k, t in enumerate(s.tiles) if t.phase == phase]
+        newest = s.last_key[0] if s.last_key else -1
+        tiles = s.tiles
+        mine = [k for k, t in enumerate(tiles) if t.phase == phase]
+        recent = [k for k in mine if k >= newest]
         for i in mine:
-            if i < newest:
-                for j in mine:
-                    if j >= newest:
-                        yield from self._pairs(s, i, j)
-                continue
-            admitted, rejected = self._single_ops(s.tiles[i])
-            if not s.last_key or i > newest:  # every op's key follows the last op's
-                self.pruned += len(rejected)  # as `_try` would count
-                for op, _, attrs, consts in admitted:
-                    yield op, (i,), attrs, consts
-            else:
-                self.pruned += sum(1 for _, rank, attrs, consts in rejected
-                                   if (i, (i,), rank, attrs, consts) > s.last_key)
-                for op, rank, attrs, consts in admitted:
-                    if (i, (i,), rank, attrs, consts) > s.last_key:
+            if i >= newest:
+                admitted, rejected = self._single_ops(tiles[i])
+                if i > newest:  # every op's key follows the last op's
+                    self.pruned += len(rejected)  # as `_try` would count
+                    for op, _, attrs, consts in admitted:
                         yield op, (i,), attrs, consts
-            for j in mine:
-                yield from self._pairs(s, i, j)
+                else:
+                    self.pruned += sum(1 for _, rank, attrs, consts in rejected
+                                       if (i, (i,), rank, attrs, consts) > s.last_key)
+                    for op, rank, attrs, consts in admitted:
+                        if (i, (i,), rank, attrs, consts) > s.last_key:
+                            yield op, (i,), attrs, consts
+            a = tiles[i]
+            for j in mine if i >= newest else recent:
+                # Keys compare by newest operand, then operands: when the newest is the last op's,
+                # operands after the last op's all follow it, and those before it none.
+                args = (i, j)
+                if max(i, j) == newest and args <= s.last_key[1]:
+                    if args == s.last_key[1]:
+                        yield from self._pairs_after(s, i, j)
+                    continue
+                b = tiles[j]
+                hit = self._pair_memo.get((a.aid, a.pdims, b.aid, b.pdims))
+                if hit is None:
+                    hit = self._pair_ops(a, b)
+                self.pruned += hit[2] if j < i else len(hit[1])  # as `_try` would count
+                for op, _ in hit[0]:
+                    if j >= i or op not in COMMUTATIVE:
+                        yield op, args, (), ()
 
     def _single_ops(self, t: Tile) -> tuple[list[RankedStep], list[RankedStep]]:
         """The one-operand ops on a tile (unary, reductions and norms over each non-unit dim, ops
@@ -425,19 +441,17 @@ class Generator:
             self._single_memo[key] = hit
         return hit
 
-    def _pairs(self, s: BlockState, i: int, j: int) -> list[Step]:
-        """Binary ops on tiles i and j (of one phase). add and mul commute: only i <= j. A list,
-        usually empty: the oracle rejects most pairs, and this runs for every pair of every state."""
-        admitted, rejected, rejected_ordered = self._pair_ops(s.tiles[i], s.tiles[j])
+    def _pairs_after(self, s: BlockState, i: int, j: int) -> list[Step]:
+        """Binary ops on the last op's operands i and j: those whose rank follows its rank (add
+        and mul commute: only i <= j)."""
+        admitted, rejected, _ = self._pair_ops(s.tiles[i], s.tiles[j])
+        last_key = s.last_key
         args, swapped = (i, j), j < i
-        if not s.last_key or max(args) > s.last_key[0]:  # every op's key follows the last op's
-            self.pruned += rejected_ordered if swapped else len(rejected)  # as `_try` would count
-            return [(op, args, (), ()) for op, _ in admitted if not (swapped and op in COMMUTATIVE)]
         for op, rank in rejected:
-            if not (swapped and op in COMMUTATIVE) and (max(args), args, rank, (), ()) > s.last_key:
+            if not (swapped and op in COMMUTATIVE) and (max(args), args, rank, (), ()) > last_key:
                 self.pruned += 1
         return [(op, args, (), ()) for op, rank in admitted
-                if not (swapped and op in COMMUTATIVE) and (max(args), args, rank, (), ()) > s.last_key]
+                if not (swapped and op in COMMUTATIVE) and (max(args), args, rank, (), ()) > last_key]
 
     def _pair_ops(self, a: Tile, b: Tile) -> tuple[OpRanks, OpRanks, int]:
         """The binary ops (with their ranks) whose result on these operands the oracle admits,
@@ -479,11 +493,12 @@ class Generator:
         if shaped is None:
             return None
         classes, dims = shaped
-        if self._holds(s, aid, phase, classes, dims) or (op != "acc" and self._recomputes(s, args, aid, phase)):
+        vid = self._vid(aid)
+        if self._holds(s, vid, phase, classes, dims) or (op != "acc" and self._recomputes(s, args, aid, phase)):
             self.pruned += 1
             return None  # recomputes an existing tile
         gathers = op == "acc" and _gathers(tiles[0])
-        tile = Tile(op, args, attrs, phase, dims, ae, pdims, consts=consts, aid=aid, gathers=gathers)
+        tile = Tile(op, args, attrs, phase, dims, ae, pdims, consts=consts, aid=aid, vid=vid, gathers=gathers)
         left = s.nops + (op != "acc")
         # Tiles nothing reads must be accumulated (body, at most MAX_ACCUMULATORS) or written
         # (post-loop, at most MAX_OUTPUTS); each further op lowers their number by at most one.
@@ -541,22 +556,27 @@ class Generator:
             self._exprs.append(e)
         return aid
 
-    def _holds(self, s: BlockState, aid: int, phase: int, classes: Classes, dims: tuple[int, ...]) -> bool:
-        """Does an existing tile of this phase hold this value (`_same_value`) over the same dims?"""
-        roots = tuple(classes.find(d) for d in dims)
-        value = self._eclass(aid)
-        return any(other.phase == phase and self._same_value(other.aid, aid, value)
-                   and tuple(classes.find(d) for d in other.dims) == roots for other in s.tiles)
+    def _holds(self, s: BlockState, vid: int, phase: int, classes: Classes, dims: tuple[int, ...]) -> bool:
+        """Does an existing tile of this phase hold this value (`_vid`) over the same dims? (A
+        plain loop: it runs for every new tile against every tile of its state.)"""
+        roots = None
+        for other in s.tiles:
+            if other.vid == vid and other.phase == phase:
+                if roots is None:
+                    roots = tuple(classes.find(d) for d in dims)
+                if tuple(classes.find(d) for d in other.dims) == roots:
+                    return True
+        return False
 
-    def _same_value(self, a: int, b: int, b_class: str | None) -> bool:
-        """Equal expressions, or equal under the target's axioms (one e-class; `b_class` is b's):
-        `(q·c)·k` and `q·(k·c)` are one value, and a block computing both does the work twice."""
-        return a == b or (b_class is not None and self._eclass(a) == b_class)
-
-    def _eclass(self, aid: int) -> str | None:
-        while len(self._eclasses) <= aid:
-            self._eclasses.append(self.oracle.class_of(self._exprs[len(self._eclasses)]))
-        return self._eclasses[aid]
+    def _vid(self, aid: int) -> int:
+        """The value an interned expression stands for: the first interned expression of its
+        e-class in the target's saturated e-graph (itself when it has none). `(q·c)·k` and
+        `q·(k·c)` are one value, and a block computing both does the work twice."""
+        while len(self._vids) <= aid:
+            n = len(self._vids)
+            eclass = self.oracle.class_of(self._exprs[n])
+            self._vids.append(n if eclass is None else self._vid_of_class.setdefault(eclass, n))
+        return self._vids[aid]
 
     def _recomputes(self, s: BlockState, args: tuple[int, ...], aid: int, phase: int) -> bool:
         """Would a new tile (reading `args`, of expression `aid`) recompute a value the block
