@@ -60,6 +60,9 @@ P = ParamSpec("P")
 R = TypeVar("R")
 Key = tuple[float, int, str]  # how candidates are ordered: estimated time, kernel count, sGraph text
 CONTENDERS = 5  # best candidates a search proves when a GPU will re-time them (else only the best)
+PROBE_BLOCK_OPS = 5  # the probe's block graphs (see run_search)
+PROBE_STATES = 20_000  # the probe's states at most
+PROBE_AFTER_STATES = 20_000  # a one-kernel search this large (its block space over every input) calls for a probe
 FULL_COLLECTION_AFTER = 100  # middle-generation collections before a full one, while searching (CPython: 10)
 
 
@@ -129,13 +132,15 @@ class Searcher:
 
     def __init__(self, program: Program, target: Target, config: SearchConfig,
                  on_state: Callable[[KernelSearch], None] | None = None,
-                 on_verified: Callable[[Verified], None] | None = None) -> None:
+                 on_verified: Callable[[Verified], None] | None = None,
+                 decided: dict[str, Verified | str | list[Ranked]] | None = None) -> None:
         self.program, self.target, self.config = program, target, config
         self.on_verified = on_verified  # told of each verified candidate as it is found
         self.search = KernelSearch(program, space_of(program), Oracle(program), config, on_state=on_state,
                                    target=target)
-        # candidate text -> its verification, why it was dropped, or its ranking (not verified yet)
-        self.decided: dict[str, Verified | str | list[Ranked]] = {}
+        # candidate text -> its verification, why it was dropped, or its ranking (not verified yet);
+        # shared with a probe's searcher (`run_search`): neither depends on the search bounds
+        self.decided: dict[str, Verified | str | list[Ranked]] = {} if decided is None else decided
 
     def forget(self) -> None:
         """Break the reference cycles of a finished search (`KernelSearch.forget`, the callbacks):
@@ -323,11 +328,12 @@ def run_search(
         hold(v)
         if v.best.estimate.time_us < live_best[0]:
             live_best[0] = v.best.estimate.time_us
-            ks = local.search
+            ks = running[0]
             report("found", ks.total_states - base_states[0], ks.total_pruned - base_pruned[0])
 
     base_states, base_pruned = [0], [0]
     local = Searcher(program, target, config, on_state=tick, on_verified=found)
+    running = [local.search]  # the kernel search of the shard running in this process
 
     def merge(result: ShardResult) -> None:
         stats.states += result.states
@@ -391,6 +397,42 @@ def run_search(
     local.consider(unfused_baseline(program), baseline, outcome.rejected)
     merge(ShardResult(Shard(0, ("baseline", None)), baseline, [], 0, 0, False))
 
+    def probe() -> None:
+        """Anytime, for large searches: before the graphs of two kernels or more, the same search
+        over block graphs of at most `PROBE_BLOCK_OPS` ops, with library ops only between the
+        first kernel and the last, for at most `PROBE_STATES` states. Its block spaces are small,
+        and winners are often among its graphs (qknorm_gqa's is found 2 s after its first depth,
+        15 s otherwise): what it proves bounds the deeper search from its start. Its candidates
+        belong to the whole search's space; no depth is counted as searched."""
+        small = Searcher(program, target, replace(config, max_block_ops=PROBE_BLOCK_OPS), on_state=tick,
+                         on_verified=found, decided=local.decided)
+        left = PROBE_STATES if max_states is None else min(PROBE_STATES, max_states - stats.states)
+        running[0] = small.search
+        try:
+            for depth in range(2, config.max_kernel_ops + 1):
+                if not deeper_may_win(depth, small.search):
+                    return
+                for choice in small.search.first_choices(depth):
+                    base_states[0], base_pruned[0] = small.search.total_states, small.search.total_pruned
+                    result = small.run(Shard(depth, choice, contenders=best_keys(), keep=contenders,
+                                             middle="library" if depth >= 3 else None), deadline, left)
+                    merge(replace(result, exhausted=False))
+                    left -= result.states
+                    if result.exhausted:
+                        stats.budget_exhausted |= time.time() > deadline
+                        return
+        finally:
+            small.forget()
+            running[0] = local.search
+
+    floor_s = costmodel.floor(program, target).time_s
+
+    def deeper_may_win(depth: int, ks: KernelSearch) -> bool:
+        """Any schedule of `depth` kernels pays that many launches over the program's physical
+        floor: once the best verified schedule is at least that fast, deeper kernel graphs cannot win."""
+        best = min((v.best.estimate.time_s for v in outcome.verified), default=None)
+        return best is None or best > floor_s + ks.space.launches(depth) * target.launch_overhead_s
+
     def in_process(shards: Iterator[Shard], deadline: float, states_left: int | None) -> Iterator[ShardResult]:
         for shard in shards:
             base_states[0], base_pruned[0] = local.search.total_states, local.search.total_pruned
@@ -417,13 +459,14 @@ def run_search(
             yield Shard(depth, choice, (parts, i), best_keys(), contenders, bodies=walked.get((choice, i)),
                         deeper=deeper, middle=middle)
 
-    floor_s = costmodel.floor(program, target).time_s
     for depth in range(1, config.max_kernel_ops + 1):
-        # Any schedule of `depth` kernels pays that many launches over the program's physical floor:
-        # once the best verified schedule is at least that fast, deeper kernel graphs cannot win.
-        best = min((v.best.estimate.time_s for v in outcome.verified), default=None)
-        if best is not None and best <= floor_s + local.search.space.launches(depth) * target.launch_overhead_s:
+        if not deeper_may_win(depth, local.search):
             break
+        if depth == 2 and stats.states >= PROBE_AFTER_STATES and config.max_block_ops > PROBE_BLOCK_OPS \
+                and not config.concrete:
+            probe()
+            if stats.budget_exhausted or not deeper_may_win(depth, local.search):
+                break
         choices = local.search.first_choices(depth)
         if parts > 1 and not config.concrete:
             # Every part of a first kernel's block graphs starts from the same loop bodies: walk

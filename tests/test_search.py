@@ -225,6 +225,41 @@ def test_progress_reports_each_better_schedule_as_it_is_verified(h100):
     assert any(e["phase"] == "found" for e in events[1:first_merge])
 
 
+def test_a_large_search_finds_a_deeper_winner_in_small_block_graphs_first(h100, monkeypatch):
+    """qknorm_gqa's one-kernel search is large (32,120 states), and its 3-kernel winner's first
+    kernel alone takes 68,099 more to generate among all block graphs over Q and K. The probe of
+    small block graphs that follows a one-kernel search that large finds it within 45,000 states;
+    without the probe those states only reach the reference's flash-decoding schedule."""
+    from superopt.search import driver
+
+    program, reference = workloads.reference_for("qknorm_gqa")
+    ref_us = rank(reference, h100)[0].estimate.time_us
+    probed = run_search(program, h100, SearchConfig(), max_states=45_000)
+    assert probed.stats.depth == 1  # only the one-kernel graphs were searched whole
+    assert probed.best.verdict.proved and len(probed.best.sgraph.kernels) == 3
+    assert probed.best.best.estimate.time_us < ref_us - 4  # 11.66 against 15.86 us
+    monkeypatch.setattr(driver, "PROBE_AFTER_STATES", 10**9)
+    unprobed = run_search(program, h100, SearchConfig(), max_states=45_000)
+    assert unprobed.best.best.estimate.time_us == pytest.approx(ref_us)
+
+
+def test_a_probe_changes_no_complete_search(h100, monkeypatch):
+    """The probe only finds schedules early: a search that runs to its end returns the same
+    winner and the same searched depths with it (cut short by its own state cap, too), and the
+    cap does not count as an exhausted budget."""
+    from superopt.search import driver
+
+    program = workloads.resolve("gqa")
+    plain = run_search(program, h100, SearchConfig())
+    monkeypatch.setattr(driver, "PROBE_AFTER_STATES", 0)
+    for cap in (driver.PROBE_STATES, 50):
+        monkeypatch.setattr(driver, "PROBE_STATES", cap)
+        probed = run_search(program, h100, SearchConfig())
+        assert probed.best.sgraph.dumps() == plain.best.sgraph.dumps()
+        assert (probed.stats.depth, probed.stats.generic_depth) == (plain.stats.depth, plain.stats.generic_depth)
+        assert not probed.stats.budget_exhausted and probed.stats.states > plain.stats.states
+
+
 def test_a_single_matmul_gets_an_answer_not_an_error():
     p = Program("mm")
     x = p.input("X", (32, 64), "f16")
