@@ -26,9 +26,9 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from itertools import combinations
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, NamedTuple, TypeVar
 
 from superopt import ops
 from superopt.build import BlockBuilder
@@ -57,10 +57,11 @@ BODY_CACHE_ENTRIES = 4  # block spaces whose accumulated loop bodies are kept (l
 NONE, SPLIT, SUM, MEAN, BAD = "none", "split", "sum", "mean", "bad"
 
 
-@dataclass(frozen=True)
-class Classes:
+class Classes(NamedTuple):
     """A persistent union-find over block dim classes (states share it; a union makes a new one).
-    Each class also has the program dim class it stands for; only equal ones may unify."""
+    Each class also has the program dim class it stands for; only equal ones may unify. (Named
+    tuples, like tiles and states: made for every op tried, and quicker to make than frozen
+    dataclasses.)"""
 
     parent: tuple[int, ...] = ()
     size: tuple[int, ...] = ()
@@ -90,8 +91,7 @@ class Classes:
 
 
 
-@dataclass(frozen=True)
-class Tile:
+class Tile(NamedTuple):
     op: str  # "input", a block op, or "acc"
     args: tuple[int, ...]
     attrs: tuple[tuple[str, Any], ...]
@@ -106,14 +106,17 @@ class Tile:
     consts: tuple[tuple[int, float], ...] = ()  # constant operands: (position, value)
 
 
-@dataclass(frozen=True)
-class BlockState:
+class BlockState(NamedTuple):
     tiles: tuple[Tile, ...]
     classes: Classes
     used: frozenset[int]
     nops: int
     last_key: tuple[Any, ...]
     tied: tuple[tuple[int, int], ...] = ()  # (input tile, dim) walked by a loop tied to a chunk axis
+
+    def reordered(self) -> BlockState:
+        """The same state with a new canonical order (for the next phase's ops)."""
+        return BlockState(self.tiles, self.classes, self.used, self.nops, (), self.tied)
 
 
 @dataclass
@@ -164,7 +167,7 @@ class Generator:
     def __post_init__(self) -> None:
         self.alg = self.oracle.alg
         self._rank = {op: i for i, op in enumerate((*self.space.block_ops, "acc"))}
-        self._memo: dict[tuple[Any, ...], AV | None] = {}
+        self._memo: dict[tuple[Any, ...], tuple[AE, tuple[int, ...], int] | None] = {}
         self._post_memo: dict[tuple[Any, ...], tuple[int, list[tuple[Any, ...]]]] = {}
         self._bodies: dict[BlockState, Lazy[tuple[int, BlockState]]] = {}
         # bodies handed over by `adopt_bodies`, by start state and part
@@ -260,12 +263,12 @@ class Generator:
             for k in range(done, len(steps)):
                 state = self._try(state, *steps[k]) if state else None
                 built[tuple(steps[: k + 1])] = state
-            state = replace(state, last_key=()) if state else None  # accumulators: a new canonical order
+            state = state.reordered() if state else None  # accumulators: a new canonical order
             for step in recipe[len(steps):]:
                 state = self._try(state, *step) if state else None
             if state is None:
                 raise ValueError(f"a loop body handed over does not rebuild here: {recipe}")
-            states.append(replace(state, last_key=()))
+            states.append(state.reordered())
         self._adopted[start, part] = Lazy(self._first_per_signature(iter(states)))
 
     def _accumulated(self, start: BlockState) -> Iterator[tuple[int, BlockState]]:
@@ -308,11 +311,11 @@ class Generator:
         read = [k for k in range(len(body.tiles)) if k in body.used and _reduces(body.tiles[k].ae)]
         for extra in range(MAX_ACCUMULATORS - len(sinks) + 1):
             for more in combinations(read, extra):
-                state: BlockState | None = replace(body, last_key=())
+                state: BlockState | None = body.reordered()
                 for k in sorted((*sinks, *more)):
                     state = self._try(state, "acc", (k,), ()) if state else None
                 if state is not None:
-                    yield replace(state, last_key=())
+                    yield state.reordered()
 
     def _phase(
         self, start: BlockState, phase: int, budget: int, part: tuple[int, int] = (1, 0),
@@ -348,7 +351,7 @@ class Generator:
         computed, recipes = self._post_memo.get(key, (-1, []))
         if room > computed:
             recipes = []
-            for _, s in self._phase(replace(accs, nops=0), 1, room):
+            for _, s in self._phase(accs._replace(nops=0), 1, room):
                 if self.complete(s):
                     recipes.append(tuple(_recipe(t, first) for t in s.tiles[len(accs.tiles):]))
             self._post_memo[key] = (room, recipes)
@@ -487,9 +490,8 @@ class Generator:
         phase = 1 if op == "acc" else tiles[0].phase
         if phase == 1 and op != "acc" and any(t.gathers for t in tiles):
             return None  # computing on a gathered (unreduced) tile after the loop repeats the in-loop variant
-        ae, pdims = abstract
-        aid = self._intern(ae)
-        shaped = self._dims(s.classes, op, tiles, dict(attrs), bool(consts))
+        ae, pdims, aid = abstract
+        shaped = self._dims(s.classes, op, tiles, attrs, bool(consts))
         if shaped is None:
             return None
         classes, dims = shaped
@@ -497,27 +499,30 @@ class Generator:
         if self._holds(s, vid, phase, classes, dims) or (op != "acc" and self._recomputes(s, args, aid, phase)):
             self.pruned += 1
             return None  # recomputes an existing tile
-        gathers = op == "acc" and _gathers(tiles[0])
-        tile = Tile(op, args, attrs, phase, dims, ae, pdims, consts=consts, aid=aid, vid=vid, gathers=gathers)
-        left = s.nops + (op != "acc")
-        # Tiles nothing reads must be accumulated (body, at most MAX_ACCUMULATORS) or written
-        # (post-loop, at most MAX_OUTPUTS); each further op lowers their number by at most one.
-        used = s.used | set(args)
-        sinks = sum(1 for k, t in enumerate((*s.tiles, tile)) if t.phase == phase and k not in used)
-        if op != "acc" and left + max(0, sinks - (MAX_ACCUMULATORS if phase == 0 else MAX_OUTPUTS)) > self.max_ops:
-            self.pruned += 1
-            return None
-        return BlockState((*s.tiles, tile), classes, s.used | set(args), left, key, s.tied)
+        used = s.used.union(args)
+        left = s.nops
+        if op != "acc":
+            # Tiles nothing reads must be accumulated (body, at most MAX_ACCUMULATORS) or written
+            # (post-loop, at most MAX_OUTPUTS); each further op lowers their number by at most one.
+            left += 1
+            sinks = 1 + sum(1 for k, t in enumerate(s.tiles) if t.phase == phase and k not in used)
+            if left + max(0, sinks - (MAX_ACCUMULATORS if phase == 0 else MAX_OUTPUTS)) > self.max_ops:
+                self.pruned += 1
+                return None
+        tile = Tile(op, args, attrs, phase, dims, ae, pdims, consts=consts, aid=aid, vid=vid,
+                    gathers=op == "acc" and _gathers(tiles[0]))
+        return BlockState((*s.tiles, tile), classes, used, left, key, s.tied)
 
     def _dims(
-        self, classes: Classes, op: str, tiles: list[Tile], attrs: dict[str, Any], has_const: bool,
+        self, classes: Classes, op: str, tiles: list[Tile], attrs: tuple[tuple[str, Any], ...], has_const: bool,
     ) -> tuple[Classes, tuple[int, ...]] | None:
         a = tiles[0]
         if op in ops.UNARY or op == "acc" or op in ("rms_norm", "softmax") or (op in ops.BINARY and has_const):
             return classes, a.dims
         if op in ops.REDUCE:
-            d = attrs["dim"]
-            if attrs["keepdim"]:
+            named = dict(attrs)
+            d = named["dim"]
+            if named["keepdim"]:
                 return classes, (*a.dims[:d], UNIT, *a.dims[d + 1 :])
             return classes, (*a.dims[:d], *a.dims[d + 1 :])
         b = tiles[1]
@@ -606,12 +611,13 @@ class Generator:
 
     def _ae(
         self, op: str, tiles: list[Tile], attrs: tuple[tuple[str, Any], ...], consts: tuple[tuple[int, float], ...],
-    ) -> AV | None:
-        """The new tile's abstract value, or None when the target does not contain it (memoized:
-        the same operands recur in many states). An accumulator adds nothing: a sum of partial
-        sums over the dim its loop walks is that same sum."""
+    ) -> tuple[AE, tuple[int, ...], int] | None:
+        """The new tile's abstract value (expression, program dim classes, interned id), or None
+        when the target does not contain it (memoized: the same operands recur in many states).
+        An accumulator adds nothing: a sum of partial sums over the dim its loop walks is that
+        same sum."""
         if op == "acc":
-            return tiles[0].ae, tiles[0].pdims
+            return tiles[0].ae, tiles[0].pdims, tiles[0].aid
         key = (op, attrs, consts, *[(t.aid, t.pdims) for t in tiles])
         hit = self._memo.get(key, _MISSING)
         if hit is not _MISSING:
@@ -620,7 +626,7 @@ class Generator:
         for pos, value in consts:
             args.insert(pos, self.alg.const(value))
         value = apply(self.alg, op, args, dict(attrs), [])
-        result = value if self.oracle.contains(value[0]) else None
+        result = (*value, self._intern(value[0])) if self.oracle.contains(value[0]) else None
         self._memo[key] = result
         return result
 

@@ -7,7 +7,6 @@ import itertools
 import json
 import weakref
 from collections.abc import Iterator
-from dataclasses import replace
 
 import pytest
 from typer.testing import CliRunner
@@ -376,17 +375,26 @@ def _every_step(gen: Generator, s, phase: int):
                     yield (i, 1, j, gen._rank[op]), (op, (i, j), (), ())
 
 
+def _tiles(s) -> tuple:
+    """A state's tiles without their interned ids (each generator numbers expressions as it meets them)."""
+    return tuple(t._replace(aid=-1, vid=-1) for t in s.tiles)
+
+
 def _naive_walk(gen: Generator, start, phase: int, budget: int) -> list:
     walked, frontier = [], [((), start)]
     while frontier:
         level = []
         for path, s in frontier:
-            walked.append((path, s.tiles))
+            walked.append((path, s))
             steps = [step for _, step in sorted(_every_step(gen, s, phase), key=lambda e: e[0])]
             children = [c for step in steps if (c := gen._try(s, *step)) is not None and c.nops <= budget]
             level += [((*path, n), c) for n, c in enumerate(children)]
         frontier = level
     return walked
+
+
+def _walked(states: list) -> list:
+    return [(path, _tiles(s)) for path, s in states]
 
 
 @pytest.mark.parametrize(("spec", "budget"), [("rmsnorm_mlp:ci", 9), ("qknorm_gqa:ci", 8)])
@@ -400,13 +408,14 @@ def test_block_walk_equals_trying_every_op_on_every_state(spec, budget):
     ks = KernelSearch(program, space_of(program), oracle, SearchConfig())
     specs = [ks._spec(t, i, False) for i, t in enumerate(ks.initial().tensors)]
     walk, naive = Generator(space_of(program), oracle, budget), Generator(space_of(program), oracle, budget)
-    bodies = [(path, s) for path, s in walk._phase(walk.start(specs), 0, budget)]
-    assert [(path, s.tiles) for path, s in bodies] == _naive_walk(naive, naive.start(specs), 0, budget)
+    bodies = list(walk._phase(walk.start(specs), 0, budget))
+    naive_bodies = _naive_walk(naive, naive.start(specs), 0, budget)
+    assert _walked(bodies) == _walked(naive_bodies)
     assert walk.pruned == naive.pruned and len(bodies) > 1000
-    accumulated = [a for _, body in bodies[::50] for a in walk._with_accumulators(body)]
-    for accs in accumulated[:20]:
-        start = replace(accs, nops=0)
-        assert [(path, s.tiles) for path, s in walk._phase(start, 1, 4)] == _naive_walk(naive, start, 1, 4)
+    accumulated = [pair for (_, body), (_, same) in zip(bodies[::50], naive_bodies[::50], strict=True)
+                   for pair in zip(walk._with_accumulators(body), naive._with_accumulators(same), strict=True)]
+    for accs, same in accumulated[:20]:
+        assert _walked(walk._phase(accs._replace(nops=0), 1, 4)) == _walked(_naive_walk(naive, same._replace(nops=0), 1, 4))
     assert walk.pruned == naive.pruned and len(accumulated) >= 20
 
 
