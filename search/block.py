@@ -9,7 +9,9 @@ stands for every way of tiling it, as in Prism; grid and loop sizes are symbols 
 Ops are added in a canonical order (each op's key — its newest operand, operands, op rank,
 attributes — exceeds the previous op's), so every block graph is generated once. Every new tile
 must have an abstract expression present in the target's saturated e-graph (the oracle); a tile
-whose abstract expression and dims repeat an existing one is a duplicate computation and cut.
+whose value (its abstract expression's e-class, and its numeric fingerprint: abstract values drop
+constant factors, a mean's 1/n among them) and dims repeat an existing one's is a duplicate
+computation and cut.
 
 `resolve` then turns a complete block graph into graph kernels with concrete maps: grid axes
 split classes present in every output (all of them, up to three: an axis of size 1 is always
@@ -30,10 +32,14 @@ from dataclasses import dataclass, field
 from itertools import combinations
 from typing import Any, Generic, NamedTuple, TypeVar
 
+import numpy as np
+
 from superopt import ops
 from superopt.build import BlockBuilder
 from superopt.object_cache import ObjectCache
 from superopt.primitives import apply
+from superopt.reference import FloatAlgebra
+from superopt.search.fingerprint import SEED, SIZES
 from superopt.search.space import Space
 from superopt.sgraph import GraphKernel
 from superopt.sizes import Size
@@ -102,6 +108,7 @@ class Tile(NamedTuple):
     tensor: int = -1  # for inputs: the kernel tensor index
     aid: int = -1  # the expression's interned id (cheap to hash and compare)
     vid: int = -1  # the value's id: equal for expressions equal under the target's axioms (`_vid`)
+    fid: int = -1  # its numeric fingerprint's id (`_fid`): tells apart values one abstract value stands for
     gathers: bool = False  # an accumulator of an unreduced non-input tile (see _gathers)
     consts: tuple[tuple[int, float], ...] = ()  # constant operands: (position, value)
 
@@ -177,6 +184,10 @@ class Generator:
         self._ids: dict[AE, int] = {}
         self._exprs: list[AE] = []
         self._vids: list[int] = []  # by interned id, filled on demand (see `_vid`)
+        self._floats = FloatAlgebra(None)
+        self._values: list[np.ndarray] = []  # by fingerprint id (see `_fid`)
+        self._fids: dict[bytes, int] = {}
+        self._fid_memo: dict[tuple[Any, ...], int] = {}
         self._vid_of_class: dict[str, int] = {}
         self._subterms: dict[tuple[int, int], bool] = {}
         self._binary_ops = [op for op in self.space.block_ops if op in ops.BINARY or op == "matmul"]
@@ -204,7 +215,11 @@ class Generator:
                     dims.append(c)
             pdims = tuple(UNIT if d == UNIT else pc for d, pc in zip(dims, spec.classes, strict=True))
             aid = self._intern(spec.ae)
-            tiles.append(Tile("input", (), (), 0, tuple(dims), spec.ae, pdims, spec.tensor, aid, self._vid(aid)))
+            rng = np.random.default_rng((SEED, spec.tensor))
+            value = rng.uniform(0.5, 1.5, tuple(1 if d == UNIT else SIZES[pc % len(SIZES)] for d, pc in zip(
+                dims, spec.classes, strict=True)))
+            tiles.append(Tile("input", (), (), 0, tuple(dims), spec.ae, pdims, spec.tensor, aid, self._vid(aid),
+                              self._intern_value(value)))
             if spec.tied_dim is not None:
                 tied.append((n, spec.tied_dim))
         return BlockState(tuple(tiles), classes, frozenset(), 0, (), tuple(tied))
@@ -496,7 +511,10 @@ class Generator:
             return None
         classes, dims = shaped
         vid = self._vid(aid)
-        if self._holds(s, vid, phase, classes, dims) or (op != "acc" and self._recomputes(s, args, aid, phase)):
+        # A constant the abstract value absorbs (one the program lacks) scales a value without
+        # making another: fingerprints keep that rule, so scaled copies stay duplicates.
+        fid = tiles[0].fid if op == "acc" or (consts and aid == tiles[0].aid) else self._fid(op, tiles, attrs, consts)
+        if self._holds(s, vid, fid, phase, classes, dims) or (op != "acc" and self._recomputes(s, args, aid, phase)):
             self.pruned += 1
             return None  # recomputes an existing tile
         used = s.used.union(args)
@@ -509,7 +527,7 @@ class Generator:
             if left + max(0, sinks - (MAX_ACCUMULATORS if phase == 0 else MAX_OUTPUTS)) > self.max_ops:
                 self.pruned += 1
                 return None
-        tile = Tile(op, args, attrs, phase, dims, ae, pdims, consts=consts, aid=aid, vid=vid,
+        tile = Tile(op, args, attrs, phase, dims, ae, pdims, consts=consts, aid=aid, vid=vid, fid=fid,
                     gathers=op == "acc" and _gathers(tiles[0]))
         return BlockState((*s.tiles, tile), classes, used, left, key, s.tied)
 
@@ -550,8 +568,10 @@ class Generator:
         return None if cl is None else (cl, tuple(reversed(out)))
 
     def _digest(self, signature: tuple[Any, ...]) -> int:
-        """A process-independent number for a signature (interned ids are local to a process)."""
-        stable = repr(tuple((self._exprs[aid], *rest) for aid, *rest in signature))
+        """A process-independent number for a signature (interned ids are local to a process;
+        fingerprints are left out: float rounding may differ between machines, and bodies must
+        fall in the same part of a walk on every worker)."""
+        stable = repr(tuple((self._exprs[aid], *rest) for aid, *rest, _ in signature))
         return int.from_bytes(hashlib.blake2b(stable.encode(), digest_size=8).digest(), "big")
 
     def _intern(self, e: AE) -> int:
@@ -561,17 +581,44 @@ class Generator:
             self._exprs.append(e)
         return aid
 
-    def _holds(self, s: BlockState, vid: int, phase: int, classes: Classes, dims: tuple[int, ...]) -> bool:
-        """Does an existing tile of this phase hold this value (`_vid`) over the same dims? (A
-        plain loop: it runs for every new tile against every tile of its state.)"""
+    def _holds(self, s: BlockState, vid: int, fid: int, phase: int, classes: Classes, dims: tuple[int, ...]) -> bool:
+        """Does an existing tile of this phase hold this value (`_vid` and `_fid`) over the same
+        dims? (A plain loop: it runs for every new tile against every tile of its state.)"""
         roots = None
         for other in s.tiles:
-            if other.vid == vid and other.phase == phase:
+            if other.vid == vid and other.fid == fid and other.phase == phase:
                 if roots is None:
                     roots = tuple(classes.find(d) for d in dims)
                 if tuple(classes.find(d) for d in other.dims) == roots:
                     return True
         return False
+
+    def _fid(self, op: str, tiles: list[Tile], attrs: tuple[tuple[str, Any], ...],
+             consts: tuple[tuple[int, float], ...]) -> int:
+        """The new tile's numeric fingerprint id: its value at the block inputs' fixed random
+        values (`start`; float64, rounded to float32 to compare). Abstract values drop constant
+        factors, a mean's 1/n among them: sum(X) and mean(X) are one abstract value, and a body
+        dividing by one would stand for the body dividing by the other, the one the program
+        means lost with it. Memoized like `_ae`."""
+        key = (op, attrs, consts, *[t.fid for t in tiles])
+        fid = self._fid_memo.get(key)
+        if fid is None:
+            args = [self._values[t.fid] for t in tiles]
+            for pos, value in consts:
+                args.insert(pos, np.asarray(value, dtype=np.float64))
+            with np.errstate(all="ignore"):
+                result = apply(self._floats, op, args, dict(attrs), [a.shape for a in args])
+            fid = self._fid_memo[key] = self._intern_value(result)
+        return fid
+
+    def _intern_value(self, value: np.ndarray) -> int:
+        with np.errstate(over="ignore"):  # beyond float32: inf, as good a fingerprint
+            key = repr(value.shape).encode() + value.astype(np.float32).tobytes()
+        fid = self._fids.get(key)
+        if fid is None:
+            fid = self._fids[key] = len(self._values)
+            self._values.append(value)
+        return fid
 
     def _vid(self, aid: int) -> int:
         """The value an interned expression stands for: the first interned expression of its
@@ -652,7 +699,7 @@ def _signature(s: BlockState, first: int) -> tuple[Any, ...]:
         for d in t.dims:
             root = s.classes.find(d)
             dims.append(UNIT if root == UNIT else (renumber.setdefault(root, len(renumber)), s.classes.size[root]))
-        out.append((t.aid, t.pdims, tuple(dims), t.gathers))
+        out.append((t.aid, t.pdims, tuple(dims), t.gathers, t.fid))
     return tuple(out)
 
 
