@@ -313,7 +313,8 @@ def run_search(
         now = time.monotonic()
         if now - last[0] > 0.5:
             last[0] = now
-            report("search", ks.total_states - base_states[0], ks.total_pruned - base_pruned[0])
+            report("search" if ks is local.search else "probe", ks.total_states - base_states[0],
+                   ks.total_pruned - base_pruned[0])
 
     held = [float("inf")]  # the best estimated time held so far
 

@@ -233,8 +233,10 @@ def test_a_large_search_finds_a_deeper_winner_in_small_block_graphs_first(h100, 
 
     program, reference = workloads.reference_for("qknorm_gqa")
     ref_us = rank(reference, h100)[0].estimate.time_us
-    probed = run_search(program, h100, SearchConfig(), max_states=60_000)
+    events: list[dict] = []
+    probed = run_search(program, h100, SearchConfig(), max_states=60_000, progress=events.append)
     assert probed.stats.depth == 1  # only the one-kernel graphs were searched whole
+    assert "probe" in {e["phase"] for e in events}  # the progress display says so
     assert probed.best.verdict.proved and len(probed.best.sgraph.kernels) == 3
     assert probed.best.best.estimate.time_us < ref_us - 4  # 11.66 against 15.86 us
     monkeypatch.setattr(driver, "PROBE_AFTER_STATES", 10**9)
