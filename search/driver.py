@@ -61,7 +61,7 @@ R = TypeVar("R")
 Key = tuple[float, int, str]  # how candidates are ordered: estimated time, kernel count, sGraph text
 CONTENDERS = 5  # best candidates a search proves when a GPU will re-time them (else only the best)
 PROBE_BLOCK_OPS = 5  # the probe's block graphs (see run_search)
-PROBE_STATES = 20_000  # the probe's states at most
+PROBE_STATES = 40_000  # the probe's states at most
 PROBE_AFTER_STATES = 20_000  # a one-kernel search this large (its block space over every input) calls for a probe
 FULL_COLLECTION_AFTER = 100  # middle-generation collections before a full one, while searching (CPython: 10)
 
@@ -310,11 +310,17 @@ def run_search(
             })
 
     def tick(ks: KernelSearch) -> None:
+        if ks is local.search and probing[0] and depth_now[0] == 1 \
+                and stats.states + ks.total_states - base_states[0] >= PROBE_AFTER_STATES:
+            probe(ks.total_states - base_states[0], ks.total_pruned - base_pruned[0])
         now = time.monotonic()
         if now - last[0] > 0.5:
             last[0] = now
-            report("search" if ks is local.search else "probe", ks.total_states - base_states[0],
-                   ks.total_pruned - base_pruned[0])
+            report("search" if ks is local.search else "probe", *live(ks))
+
+    def live(ks: KernelSearch) -> tuple[int, int]:
+        """States and pruned of the running shard (with those of the shard a probe interrupted)."""
+        return ks.total_states - base_states[0] + paused[0], ks.total_pruned - base_pruned[0] + paused[1]
 
     held = [float("inf")]  # the best estimated time held so far
 
@@ -329,12 +335,14 @@ def run_search(
         hold(v)
         if v.best.estimate.time_us < live_best[0]:
             live_best[0] = v.best.estimate.time_us
-            ks = running[0]
-            report("found", ks.total_states - base_states[0], ks.total_pruned - base_pruned[0])
+            report("found", *live(running[0]))
 
     base_states, base_pruned = [0], [0]
     local = Searcher(program, target, config, on_state=tick, on_verified=found)
     running = [local.search]  # the kernel search of the shard running in this process
+    probing = [config.max_block_ops > PROBE_BLOCK_OPS and not config.concrete]  # a probe is still to come
+    depth_now = [0]  # the depth being searched
+    paused = [0, 0]  # states and pruned of the shard a probe interrupts (not merged yet)
 
     def merge(result: ShardResult) -> None:
         stats.states += result.states
@@ -398,20 +406,27 @@ def run_search(
     local.consider(unfused_baseline(program), baseline, outcome.rejected)
     merge(ShardResult(Shard(0, ("baseline", None)), baseline, [], 0, 0, False))
 
-    def probe() -> None:
-        """Anytime, for large searches: before the graphs of two kernels or more, the same search
-        over block graphs of at most `PROBE_BLOCK_OPS` ops, with library ops only between the
-        first kernel and the last, for at most `PROBE_STATES` states. Its block spaces are small,
-        and winners are often among its graphs (qknorm_gqa's is found 2 s after its first depth,
-        15 s otherwise): what it proves bounds the deeper search from its start. Its candidates
-        belong to the whole search's space; no depth is counted as searched."""
+    def probe(live_states: int = 0, live_pruned: int = 0) -> None:
+        """Anytime, for large searches: once the one-kernel search has reached `PROBE_AFTER_STATES`
+        states (from the progress callback, in this process; between depths when workers run it),
+        the search over graphs of two kernels or more with block graphs of at most
+        `PROBE_BLOCK_OPS` ops, library ops only between the first kernel and the last, for at most
+        `PROBE_STATES` states. Its block spaces are small, and winners are often among its graphs
+        (qknorm_gqa's is held after 4 s, 21 s otherwise; a random 9-op chain that leaves a 15 s
+        budget with the unfused baseline gets a 2-kernel schedule 3.2 times as fast). What it
+        proves bounds the later shards. A searcher of its own: the interrupted one resumes as
+        it was. Its candidates belong to the whole search's space; no depth is counted as searched."""
+        probing[0] = False
         small = Searcher(program, target, replace(config, max_block_ops=PROBE_BLOCK_OPS), on_state=tick,
                          on_verified=found, decided=local.decided)
-        left = PROBE_STATES if max_states is None else min(PROBE_STATES, max_states - stats.states)
+        used = stats.states + live_states
+        left = PROBE_STATES if max_states is None else min(PROBE_STATES, max_states - used)
+        saved = base_states[0], base_pruned[0]
+        paused[:] = [live_states, live_pruned]
         running[0] = small.search
         try:
             for depth in range(2, config.max_kernel_ops + 1):
-                if not deeper_may_win(depth, small.search):
+                if left <= 0 or not deeper_may_win(depth, small.search):
                     return
                 for choice in small.search.first_choices(depth):
                     base_states[0], base_pruned[0] = small.search.total_states, small.search.total_pruned
@@ -425,6 +440,10 @@ def run_search(
         finally:
             small.forget()
             running[0] = local.search
+            base_states[0], base_pruned[0] = saved
+            paused[:] = [0, 0]
+            if live_states and local.search.max_states is not None:  # the interrupted shard's cap counts them
+                local.search.max_states -= stats.states + live_states - used
 
     floor_s = costmodel.floor(program, target).time_s
 
@@ -461,11 +480,11 @@ def run_search(
                         deeper=deeper, middle=middle)
 
     for depth in range(1, config.max_kernel_ops + 1):
+        depth_now[0] = depth
         if not deeper_may_win(depth, local.search):
             break
-        if depth == 2 and stats.states >= PROBE_AFTER_STATES and config.max_block_ops > PROBE_BLOCK_OPS \
-                and not config.concrete:
-            probe()
+        if depth == 2 and probing[0] and stats.states >= PROBE_AFTER_STATES:
+            probe()  # the one-kernel search ran elsewhere (workers): the progress callback did not see it
             if stats.budget_exhausted or not deeper_may_win(depth, local.search):
                 break
         choices = local.search.first_choices(depth)
