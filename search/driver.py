@@ -310,9 +310,9 @@ def run_search(
             })
 
     def tick(ks: KernelSearch) -> None:
-        if ks is local.search and probing[0] and depth_now[0] == 1 \
+        if probing and ks is local.search and depth_now[0] == 1 \
                 and stats.states + ks.total_states - base_states[0] >= PROBE_AFTER_STATES:
-            probe(ks.total_states - base_states[0], ks.total_pruned - base_pruned[0])
+            probing.pop()(ks.total_states - base_states[0], ks.total_pruned - base_pruned[0])
         now = time.monotonic()
         if now - last[0] > 0.5:
             last[0] = now
@@ -340,7 +340,9 @@ def run_search(
     base_states, base_pruned = [0], [0]
     local = Searcher(program, target, config, on_state=tick, on_verified=found)
     running = [local.search]  # the kernel search of the shard running in this process
-    probing = [config.max_block_ops > PROBE_BLOCK_OPS and not config.concrete]  # a probe is still to come
+    # The probe while it is still to come (cleared at the end: the probe and the progress callback
+    # that runs it refer to each other, a cycle that would keep the whole search alive).
+    probing: list[Callable[..., None]] = []
     depth_now = [0]  # the depth being searched
     paused = [0, 0]  # states and pruned of the shard a probe interrupts (not merged yet)
 
@@ -416,7 +418,6 @@ def run_search(
         budget with the unfused baseline gets a 2-kernel schedule 3.2 times as fast). What it
         proves bounds the later shards. A searcher of its own: the interrupted one resumes as
         it was. Its candidates belong to the whole search's space; no depth is counted as searched."""
-        probing[0] = False
         small = Searcher(program, target, replace(config, max_block_ops=PROBE_BLOCK_OPS), on_state=tick,
                          on_verified=found, decided=local.decided)
         used = stats.states + live_states
@@ -445,6 +446,8 @@ def run_search(
             if live_states and local.search.max_states is not None:  # the interrupted shard's cap counts them
                 local.search.max_states -= stats.states + live_states - used
 
+    if config.max_block_ops > PROBE_BLOCK_OPS and not config.concrete:
+        probing.append(probe)
     floor_s = costmodel.floor(program, target).time_s
 
     def deeper_may_win(depth: int, ks: KernelSearch) -> bool:
@@ -483,8 +486,8 @@ def run_search(
         depth_now[0] = depth
         if not deeper_may_win(depth, local.search):
             break
-        if depth == 2 and probing[0] and stats.states >= PROBE_AFTER_STATES:
-            probe()  # the one-kernel search ran elsewhere (workers): the progress callback did not see it
+        if depth == 2 and probing and stats.states >= PROBE_AFTER_STATES:
+            probing.pop()()  # the one-kernel search ran elsewhere (workers): the progress callback did not see it
             if stats.budget_exhausted or not deeper_may_win(depth, local.search):
                 break
         choices = local.search.first_choices(depth)
@@ -541,6 +544,7 @@ def run_search(
     unproved.update((text, sg) for text, (_, sg) in tied.items() if text not in unproved)
     _keep_contenders(outcome, unproved, contenders)
     local.forget()
+    probing.clear()
     stats.seconds = time.monotonic() - t0
     stats.peak_rss_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     report("done")
