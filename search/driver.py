@@ -311,7 +311,7 @@ def run_search(
 
     def tick(ks: KernelSearch) -> None:
         if probing and ks is local.search and depth_now[0] == 1 \
-                and stats.states + ks.total_states - base_states[0] >= PROBE_AFTER_STATES:
+                and stats.states + ks.total_states - base_states[0] >= PROBE_AFTER_STATES and deeper_may_win(2, ks):
             probing.pop()(ks.total_states - base_states[0], ks.total_pruned - base_pruned[0])
         now = time.monotonic()
         if now - last[0] > 0.5:
@@ -452,9 +452,10 @@ def run_search(
 
     def deeper_may_win(depth: int, ks: KernelSearch) -> bool:
         """Any schedule of `depth` kernels pays that many launches over the program's physical
-        floor: once the best verified schedule is at least that fast, deeper kernel graphs cannot win."""
-        best = min((v.best.estimate.time_s for v in outcome.verified), default=None)
-        return best is None or best > floor_s + ks.space.launches(depth) * target.launch_overhead_s
+        floor: once the best verified schedule (merged, or proved by the shard running here) is at
+        least that fast, deeper kernel graphs cannot win."""
+        best = min([v.best.estimate.time_s for v in outcome.verified] + [live_best[0] * 1e-6])
+        return best > floor_s + ks.space.launches(depth) * target.launch_overhead_s
 
     def in_process(shards: Iterator[Shard], deadline: float, states_left: int | None) -> Iterator[ShardResult]:
         for shard in shards:
