@@ -411,13 +411,15 @@ def run_search(
     def probe(live_states: int = 0, live_pruned: int = 0) -> None:
         """Anytime, for large searches: once the one-kernel search has reached `PROBE_AFTER_STATES`
         states (from the progress callback, in this process; between depths when workers run it),
-        the search over graphs of two kernels or more with block graphs of at most
-        `PROBE_BLOCK_OPS` ops, library ops only between the first kernel and the last, for at most
-        `PROBE_STATES` states. Its block spaces are small, and winners are often among its graphs
-        (qknorm_gqa's is held after 4 s, 21 s otherwise; a random 9-op chain that leaves a 15 s
-        budget with the unfused baseline gets a 2-kernel schedule 3.2 times as fast). What it
-        proves bounds the later shards. A searcher of its own: the interrupted one resumes as
-        it was. Its candidates belong to the whole search's space; no depth is counted as searched."""
+        the same search with block graphs of at most `PROBE_BLOCK_OPS` ops, library ops only
+        between the first kernel and the last, for at most `PROBE_STATES` states. Its block spaces
+        are small, and winners are often among its graphs: the whole one-kernel search walks the
+        post-loop graphs of every small loop body (up to 10 ops after a 1-op body) before any
+        larger body, and deeper graphs wait for it. qknorm_gqa's winner is held after 4 s, 21 s
+        otherwise; random programs whose one-kernel search outlasts a 15 s budget get a fused
+        kernel (a 5-op chain) or two (a 9-op chain) instead of the unfused baseline. What it
+        proves bounds the later shards. A searcher of its own: the interrupted one resumes as it
+        was. Its candidates belong to the whole search's space; no depth is counted as searched."""
         small = Searcher(program, target, replace(config, max_block_ops=PROBE_BLOCK_OPS), on_state=tick,
                          on_verified=found, decided=local.decided)
         used = stats.states + live_states
@@ -426,7 +428,7 @@ def run_search(
         paused[:] = [live_states, live_pruned]
         running[0] = small.search
         try:
-            for depth in range(2, config.max_kernel_ops + 1):
+            for depth in range(1, config.max_kernel_ops + 1):
                 if left <= 0 or not deeper_may_win(depth, small.search):
                     return
                 for choice in small.search.first_choices(depth):

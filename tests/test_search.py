@@ -248,6 +248,23 @@ def test_a_large_search_finds_a_deeper_winner_in_small_block_graphs_first(h100, 
     assert unprobed.best.best.estimate.time_us == pytest.approx(ref_us)
 
 
+def test_a_probe_finds_a_one_kernel_schedule_the_whole_one_kernel_search_reaches_late(h100, monkeypatch):
+    """The one-kernel search walks the post-loop graphs of every small loop body before any larger
+    body: for sum(rms_norm(-rsqrt(X)) @ W) (found by fuzz_optimize) the fused kernel needs a 5-op
+    body and comes after some 150,000 states. The probe, at most 5 ops per block graph, proves
+    it within 60,000 states; without the probe those states leave the unfused baseline."""
+    from superopt.search import driver
+
+    p = Program("chain")
+    x, w = p.input("X", (2, 2, 16), "f16"), p.input("W", (2, 16, 8), "f16")
+    p.output(p.sum(p.rms_norm(-p.rsqrt(x), -1) @ w, -1, keepdim=True))
+    probed = run_search(p, h100, SearchConfig(), max_states=60_000)
+    assert probed.best.verdict.proved and len(probed.best.sgraph.kernels) == 1
+    monkeypatch.setattr(driver, "PROBE_AFTER_STATES", 10**9)
+    unprobed = run_search(p, h100, SearchConfig(), max_states=60_000)
+    assert unprobed.best.sgraph.name.endswith(".unfused")
+
+
 def test_a_probe_changes_no_complete_search(h100, monkeypatch):
     """The probe only finds schedules early: a search that runs to its end returns the same
     winner and the same searched depths with it (cut short by its own state cap, too), and the
