@@ -312,7 +312,7 @@ def run_search(
     def tick(ks: KernelSearch) -> None:
         if probing and ks is local.search and depth_now[0] == 1 \
                 and stats.states + ks.total_states - base_states[0] >= PROBE_AFTER_STATES and deeper_may_win(2, ks):
-            probing.pop()(ks.total_states - base_states[0], ks.total_pruned - base_pruned[0])
+            probing.pop()(1, ks.total_states - base_states[0], ks.total_pruned - base_pruned[0])
         now = time.monotonic()
         if now - last[0] > 0.5:
             last[0] = now
@@ -408,18 +408,19 @@ def run_search(
     local.consider(unfused_baseline(program), baseline, outcome.rejected)
     merge(ShardResult(Shard(0, ("baseline", None)), baseline, [], 0, 0, False))
 
-    def probe(live_states: int = 0, live_pruned: int = 0) -> None:
+    def probe(first_depth: int, live_states: int = 0, live_pruned: int = 0) -> None:
         """Anytime, for large searches: once the one-kernel search has reached `PROBE_AFTER_STATES`
         states (from the progress callback, in this process; between depths when workers run it),
         the same search with block graphs of at most `PROBE_BLOCK_OPS` ops, library ops only
-        between the first kernel and the last, for at most `PROBE_STATES` states. Its block spaces
-        are small, and winners are often among its graphs: the whole one-kernel search walks the
-        post-loop graphs of every small loop body (up to 10 ops after a 1-op body) before any
-        larger body, and deeper graphs wait for it. qknorm_gqa's winner is held after 4 s, 21 s
-        otherwise; random programs whose one-kernel search outlasts a 15 s budget get a fused
-        kernel (a 5-op chain) or two (a 9-op chain) instead of the unfused baseline. What it
-        proves bounds the later shards. A searcher of its own: the interrupted one resumes as it
-        was. Its candidates belong to the whole search's space; no depth is counted as searched."""
+        between the first kernel and the last, for at most `PROBE_STATES` states, from
+        `first_depth` kernels on. Its block spaces are small, and winners are often among its
+        graphs: the whole one-kernel search walks the post-loop graphs of every small loop body
+        (up to 10 ops after a 1-op body) before any larger body, and deeper graphs wait for it.
+        qknorm_gqa's winner is held after 4 s, 21 s otherwise; random programs whose one-kernel
+        search outlasts a 15 s budget get a fused kernel (a 5-op chain) or two (a 9-op chain)
+        instead of the unfused baseline. What it proves bounds the later shards. A searcher of
+        its own: the interrupted one resumes as it was. Its candidates belong to the whole
+        search's space; no depth is counted as searched."""
         small = Searcher(program, target, replace(config, max_block_ops=PROBE_BLOCK_OPS), on_state=tick,
                          on_verified=found, decided=local.decided)
         used = stats.states + live_states
@@ -428,7 +429,7 @@ def run_search(
         paused[:] = [live_states, live_pruned]
         running[0] = small.search
         try:
-            for depth in range(1, config.max_kernel_ops + 1):
+            for depth in range(first_depth, config.max_kernel_ops + 1):
                 if left <= 0 or not deeper_may_win(depth, small.search):
                     return
                 for choice in small.search.first_choices(depth):
@@ -490,7 +491,7 @@ def run_search(
         if not deeper_may_win(depth, local.search):
             break
         if depth == 2 and probing and stats.states >= PROBE_AFTER_STATES:
-            probing.pop()()  # the one-kernel search ran elsewhere (workers): the progress callback did not see it
+            probing.pop()(2)  # the one-kernel search ran elsewhere (workers), whole: the callback did not see it
             if stats.budget_exhausted or not deeper_may_win(depth, local.search):
                 break
         choices = local.search.first_choices(depth)

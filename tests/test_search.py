@@ -265,6 +265,31 @@ def test_a_probe_finds_a_one_kernel_schedule_the_whole_one_kernel_search_reaches
     assert unprobed.best.sgraph.name.endswith(".unfused")
 
 
+def test_a_probe_after_a_one_kernel_search_run_elsewhere_starts_at_two_kernels(h100, monkeypatch):
+    """When workers run the one-kernel search, the driver's progress callback never sees it: the
+    probe runs between depths, from two kernels on (the one-kernel graphs were all searched)."""
+    from superopt.search import driver
+
+    program = workloads.resolve("gqa")
+    probed: list[int] = []
+    run = Searcher.run
+
+    def recording(self, shard, deadline, max_states):
+        if self.config.max_block_ops == driver.PROBE_BLOCK_OPS:
+            probed.append(shard.depth)
+        return run(self, shard, deadline, max_states)
+
+    def elsewhere(shards, deadline, max_states):  # every shard in a searcher of its own, as a worker would
+        for shard in shards:
+            yield Searcher(program, h100, SearchConfig()).run(shard, deadline, max_states)
+
+    monkeypatch.setattr(Searcher, "run", recording)
+    monkeypatch.setattr(driver, "PROBE_AFTER_STATES", 0)
+    outcome = run_search(program, h100, SearchConfig(), executor=elsewhere)
+    assert probed and min(probed) == 2
+    assert outcome.best.sgraph.dumps() == run_search(program, h100, SearchConfig()).best.sgraph.dumps()
+
+
 def test_a_probe_changes_no_complete_search(h100, monkeypatch):
     """The probe only finds schedules early: a search that runs to its end returns the same
     winner and the same searched depths with it (cut short by its own state cap, too), and the
