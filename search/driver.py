@@ -311,8 +311,10 @@ def run_search(
 
     def tick(ks: KernelSearch) -> None:
         if probing and ks is local.search and depth_now[0] == 1 \
-                and stats.states + ks.total_states - base_states[0] >= PROBE_AFTER_STATES and deeper_may_win(2, ks):
-            probing.pop()(1, ks.total_states - base_states[0], ks.total_pruned - base_pruned[0])
+                and stats.states + ks.total_states - base_states[0] >= PROBE_AFTER_STATES:
+            run_probe = probing.pop()  # decided once: the best only gets faster, deeper graphs no likelier
+            if deeper_may_win(2, ks):
+                run_probe(1, *live(ks))
         now = time.monotonic()
         if now - last[0] > 0.5:
             last[0] = now
