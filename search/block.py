@@ -191,6 +191,7 @@ class Generator:
         self._vid_of_class: dict[str, int] = {}
         self._subterms: dict[tuple[int, int], bool] = {}
         self._binary_ops = [op for op in self.space.block_ops if op in ops.BINARY or op == "matmul"]
+        self.plans: Plans = ObjectCache(PLAN_ENTRIES)  # see `resolve`
 
     def forget(self) -> None:
         """Break the reference cycles that keep a finished search alive (lazily walked loop bodies
@@ -776,25 +777,16 @@ class Axis:
 
 def resolve(
     s: BlockState, inputs: Sequence[InputSpec], tensor_ids: Sequence[str], kid: str, index: int,
-    tie: tuple[str, Size] | None, max_grid: int = 3, partial_axes: bool = True,
+    tie: tuple[str, Size] | None, plans: Plans, max_grid: int = 3, partial_axes: bool = True,
 ) -> Iterator[Resolved]:
-    """Every valid tiling of a complete block graph, as graph kernels with symbolic sizes."""
+    """Every valid tiling of a complete block graph, as graph kernels with symbolic sizes; the
+    tilings found are kept in `plans` (`Generator.plans`)."""
     letters = "xyz"
-    for plan in _plans(s, len(inputs), tie is not None, max_grid, partial_axes):
+    key = (len(inputs), tie is not None, max_grid, partial_axes)
+    for plan in plans.get(s, key, lambda: list(_search_plans(s, *key))):
         axes = [Axis(f"g{letters[i]}{index}", Size.sym(f"g{letters[i]}{index}"), classes, partial)
                 for i, (classes, partial) in enumerate(plan.axes)]
         yield _built(s, inputs, tensor_ids, kid, index, axes, tie, None, plan)
-
-
-# Plans of block graphs, by state object: a block space replayed for another kernel-level state
-# resolves the same graphs again (each about 17 times on gqa); only the names differ.
-_PLANS: ObjectCache[BlockState, list[_Plan]] = ObjectCache(8192)
-
-
-def _plans(s: BlockState, n_inputs: int, tied: bool, max_grid: int, partial_axes: bool) -> list[_Plan]:
-    """The plans of every valid tiling of `s`, in a stable order."""
-    return _PLANS.get(s, (n_inputs, tied, max_grid, partial_axes),
-                      lambda: list(_search_plans(s, n_inputs, tied, max_grid, partial_axes)))
 
 
 def _search_plans(s: BlockState, n_inputs: int, tied: bool, max_grid: int, partial_axes: bool) -> Iterator[_Plan]:
@@ -903,6 +895,13 @@ class _Plan:
     outs: list[int]
     omaps: list[list[int]]
     chunks: list[tuple[int, int, str, int] | None]
+
+
+# The tilings of block graphs, by state object: a block space replayed after another kernel-level
+# state resolves the same graphs again (after each first kernel, a middle kernel's); only the
+# names differ.
+Plans = ObjectCache[BlockState, list[_Plan]]
+PLAN_ENTRIES = 1 << 17  # block graphs whose tilings are kept (the block spaces of the memo hold them anyway)
 
 
 def _plan(

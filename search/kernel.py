@@ -24,7 +24,7 @@ import math
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from itertools import combinations
+from itertools import combinations, product
 from typing import Any
 
 from superopt import costmodel, ops
@@ -376,14 +376,20 @@ class KernelSearch:
         return hit
 
     def _split_floors(self, s: KState) -> tuple[float, dict[int, float] | None]:
-        prefix = self._prefix(s)
-        if prefix is None:
-            return 0.0, None
+        # Each kernel's floors, kept: the prefix sGraph is analyzed only for kernels not met
+        # before (a middle kernel recurs after every first kernel computing the same tensors).
+        keys = [self._floor_key(s, k) for k in s.kernels]
+        if any(key not in self._kernel_floors for key in keys):
+            prefix = self._prefix(s)
+            if prefix is None:
+                return 0.0, None
+            for k in s.kernels:
+                self._floors(s, *prefix, k)
         read = {t for k in s.kernels for t in k.tensor_inputs}
         unmerged = {t.id for t in s.tensors if t.chunk is not None and t.id not in read}
         pending = [k.id for k in s.kernels if unmerged & set(k.outputs)]
         lone = pending[0] if len(pending) == 1 else None
-        floors = {k.id: self._floors(s, *prefix, k) for k in s.kernels}
+        floors = {k.id: self._kernel_floors[key] for k, key in zip(s.kernels, keys, strict=True)}
         others = sum(min(f.values(), default=math.inf) for kid, f in floors.items() if kid != lone)
         return others, None if lone is None else floors[lone]
 
@@ -405,13 +411,17 @@ class KernelSearch:
         """Kernel k's least estimated time, per chunk count when its outputs are per-chunk partials
         (`costmodel.kernel_floors`); kept per kernel and input shapes (deeper graphs share kernels)."""
         assert self.target is not None
-        key = self._text(k) + repr([sg.info.shapes[t] for t in k.tensor_inputs])
+        key = self._floor_key(s, k)
         hit = self._kernel_floors.get(key)
         if hit is None:
             chunks = next((t.chunk.axis for t in s.tensors  # a symbol unless the search is concrete
                            if t.id in k.outputs and t.chunk is not None and not t.chunk.size.is_const()), None)
             hit = self._kernel_floors[key] = costmodel.kernel_floors(sg, self.target, k, values, by=chunks)
         return hit
+
+    def _floor_key(self, s: KState, k: Kernel) -> str:
+        """What a kernel's floors depend on: the kernel and the shapes of its inputs."""
+        return self._text(k) + repr([t.shape for t in s.tensors if t.id in k.tensor_inputs])
 
     def _text(self, k: Kernel) -> str:
         """repr(k), the key of a kernel's floors and estimates: kept per kernel object (states
@@ -474,24 +484,29 @@ class KernelSearch:
         self.bounded += too_slow
         return too_slow
 
-    def _whole_floor(self, s: KState, inputs: tuple[int, ...], missing: list[int], loop: int = 1) -> float:
+    def _whole_floor(
+        self, s: KState, inputs: tuple[int, ...], missing: list[int], loop: int = 1, more_inputs: bool = False,
+    ) -> float:
         """The least time of a last graph kernel reading these tensors (`costmodel.whole_reduction_floor`:
         a last kernel writes no partial results, so its grid splits only classes of the outputs
         it writes, the missing ones, whose dims carry the program outputs' classes by
         `_completes_exactly`), known before its block graphs are generated; 0 without a bound
-        (or with no output missing, which no last kernel completes exactly)."""
+        (or with no output missing, which no last kernel completes exactly). `more_inputs`: the
+        kernel may read other tensors too (its grid may then split any class of the outputs:
+        more ways to cut the same reads, a lower floor)."""
         if self.bound_s == float("inf") or self.target is None or not missing:
             return 0.0
         read = tuple(sorted((self._bytes(s.tensors[i]), frozenset(s.tensors[i].classes) - {NO_CLASS})
                             for i in inputs))
-        key = (read, tuple(missing), loop)
+        key = (read, tuple(missing), loop, more_inputs)
         hit = self._whole_floors.get(key)
         if hit is None:
             shared = set.intersection(*(set(self._output_classes[i]) for i in missing)) - {NO_CLASS}
-            read_classes = set().union(*(c for _, c in read))
+            if not more_inputs:
+                shared &= set().union(*(c for _, c in read))
             sizes = {c: d.int_value() for i in missing for c, d in zip(self._output_classes[i],
                                                                       self._outputs[i].size_shape, strict=True)
-                     if c in shared & read_classes}
+                     if c in shared}
             hit = self._whole_floors[key] = costmodel.whole_reduction_floor(
                 self.target, read, sum(self._output_bytes[i] for i in missing), sizes, self.config.max_grid_axes, loop)
         return hit
@@ -541,14 +556,45 @@ class KernelSearch:
 
     def _middle_floor(self, s: KState, later: int) -> Callable[[tuple[int, ...]], float]:
         """The least time of `s` plus a graph kernel over a subset of its tensors and `later`
-        kernels after it, known before that kernel's block graphs are: `s`'s kernels, each later
-        one's launch, this kernel's least time (`_middle_own`) and what the later kernels must
-        move (`_owed`)."""
-        spent = self._spent(s) + self.space.launches(later) * self.launch_s
+        kernels after it, known before that kernel's block graphs are: `s`'s kernels, this
+        kernel's least time (`_middle_own`), then each later one's launch and what they must move
+        (`_owed`), or when one kernel follows, its least time (`_last_after`)."""
+        spent = self._spent(s)
+        rest = self.space.launches(later) * self.launch_s
         owed = self._owed(s)
+        last = self._last_after(s) if later == 1 else None
 
         def floor(subset: tuple[int, ...]) -> float:
-            return spent + self._middle_own(s, subset) + owed(subset) / self.bandwidth
+            after = rest + owed(subset) / self.bandwidth
+            return spent + self._middle_own(s, subset) + (after if last is None else max(after, last(subset)))
+
+        return floor
+
+    def _last_after(self, s: KState) -> Callable[[tuple[int, ...]], float] | None:
+        """The least time of the last kernel after `s` and a kernel over a subset of its tensors,
+        when it must be a graph kernel: it reads what that subset leaves unread (the program
+        inputs the missing outputs need, one output of each kernel nothing reads: `_owed`) and,
+        when one output is missing, an output of that kernel (which would otherwise not
+        contribute: writing the output itself leaves the last kernel nothing to do), more tensors
+        than any library op takes. Its floor is `_whole_floor` over the tensors it must read.
+        None when a library kernel may be last (or any kernel may be a free view)."""
+        missing = self._missing(s)
+        arity = max((ops.OPS[op].arity for op in self.space.library_ops), default=0)
+        if self._free_kernels or not missing:
+            return None
+        read = {i for k in s.kernels for i in k.tensor_inputs}
+        needed = self._inputs_of(missing)
+        unread = [n for n, t in enumerate(s.tensors[:len(self.program.inputs)]) if t.id in needed and t.id not in read]
+        unused = self._unused(s)
+        middle_output = len(missing) == 1
+
+        def floor(subset: tuple[int, ...]) -> float:
+            must = [i for i in unread if i not in subset]
+            choices = [sorted(produced) for produced in unused if not produced & set(subset)]
+            if len(must) + len(choices) + middle_output <= arity:
+                return 0.0
+            return min(self._whole_floor(s, tuple(sorted({*must, *picked})), missing, more_inputs=True)
+                       for picked in product(*choices))
 
         return floor
 
@@ -705,8 +751,8 @@ class KernelSearch:
                         continue
                     kid = f"k{len(s.kernels)}"
                     ids = [t.id for t in s.tensors]
-                    for res in resolve(block, specs, ids, kid, s.graph_kernels, tie, self.config.max_grid_axes,
-                                       partial_axes=not final):
+                    for res in resolve(block, specs, ids, kid, s.graph_kernels, tie, self._gen.plans,
+                                       self.config.max_grid_axes, partial_axes=not final):
                         signature = _signature(res.kernel)
                         key = (max(subset), subset, 1, signature)
                         if key <= s.last_key:

@@ -674,6 +674,40 @@ def test_middle_kernel_floor_is_below_every_candidate_through_it(h100, spec):
     assert spec != "gqa" or min(ratios) < 2.0, min(ratios)
 
 
+@pytest.mark.parametrize("spec", ["gqa:ci", "gqa"])
+def test_a_middle_kernel_leaving_the_last_more_to_read_than_a_library_op_takes_is_bounded_by_its_graph(
+        h100, spec):
+    """After a first kernel over Q and K writing exp(Q K), a middle kernel that reads neither it
+    nor V leaves the last kernel three tensors to read (those two and the middle's output, or
+    the middle would not contribute): no library op takes three, so the last is a graph kernel
+    writing O, whose grid splits only O's classes and reads exp(Q K) or V again per block along
+    the others (`_last_after`, `_whole_floor`). That floor binds well above what the tensors'
+    bytes alone give, and every candidate grown through such a middle kernel takes at least
+    as long."""
+    ks = _with_floors(spec, h100)
+    start = ks.initial()
+    q, k, v = range(3)
+    exp_qk = next(f for f in ks._graph_moves(start, False, only=(q, k))
+                  if len(f.tensors) == 4 and f.tensors[3].ae[0] == "exp" and f.tensors[3].chunk is None)
+    floor, last = ks._middle_floor(exp_qk, 1), ks._last_after(exp_qk)
+    assert last is not None
+    moved = ks._owed(exp_qk)((q, k)) / ks.bandwidth  # what the kernels after it must move, at full bandwidth
+    assert last((q, k)) - ks.launch_s > 1.5 * moved, (last((q, k)), moved)
+    assert last((q, k, v)) == last((k, 3)) == 0.0  # the last kernel may be a library op: no graph floor
+    checked = 0
+    for middle in ks._graph_moves(exp_qk, False, only=(q, k)):
+        for end in itertools.islice(ks.moves(middle, final=True), 3):
+            cand = ks._candidate(end)
+            if cand is None or not (ranked := rank(cand, h100)):
+                continue
+            assert isinstance(end.kernels[-1], GraphKernel)
+            assert floor((q, k)) <= ranked[0].estimate.time_s * (1 + 1e-9), cand.dumps()
+            checked += 1
+        if checked >= 5:
+            break
+    assert checked >= 5
+
+
 @pytest.mark.parametrize("spec", ["gqa", "lora", "rmsnorm_mlp:ci"])
 def test_middle_kernel_own_floor_is_below_every_middle_kernel_over_its_inputs(h100, spec):
     """A kernel that is not the last may write partial results, so its grid may split any class
