@@ -27,7 +27,7 @@ values the loop does not change.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import combinations
 from typing import Any, Generic, NamedTuple, TypeVar
@@ -38,6 +38,7 @@ from superopt import ops
 from superopt.build import BlockBuilder
 from superopt.object_cache import ObjectCache
 from superopt.primitives import apply
+from superopt.program import Node, Program
 from superopt.reference import FloatAlgebra
 from superopt.search.fingerprint import SEED, SIZES
 from superopt.search.space import Space
@@ -286,6 +287,60 @@ class Generator:
                 raise ValueError(f"a loop body handed over does not rebuild here: {recipe}")
             states.append(state.reordered())
         self._adopted[start, part] = Lazy(self._first_per_signature(iter(states)))
+
+    def program_graphs(self, start: BlockState, program: Program, tiles: Mapping[str, int]) -> Iterator[BlockState]:
+        """The complete block graphs whose loop body is the program itself (`tiles`: the start
+        tile of each program input), its ops added in canonical order (always the least key among
+        the ops whose operands exist: keys then increase, as `_try` requires): the one-kernel
+        fusion of the whole program, tiled later like any block graph. Nothing when an op cannot
+        be a block op here (not in the space, or refused by `_try`: the op bound, a value the
+        program computes twice)."""
+        placed = dict(tiles)
+        pending = [n for n in program.topological() if n.op not in ("input", "const")]
+        state: BlockState | None = start
+        while pending and state is not None:
+            steps = [(step, n) for n in pending if (step := self._program_step(n, program, placed, state)) is not None]
+            if not steps:
+                return
+            step, node = min(steps, key=lambda sn: (max(sn[0][1]), sn[0][1], self._rank[sn[0][0]], *sn[0][2:]))
+            self.states += 1
+            if self.on_state is not None:
+                self.on_state()
+            state = self._try(state, *step)
+            if state is not None:
+                placed[node.id] = len(state.tiles) - 1
+                pending.remove(node)
+        if state is not None:
+            for accs in self._with_accumulators(state):
+                yield from self._posts(accs)
+
+    def _program_step(self, n: Node, program: Program, placed: Mapping[str, int], s: BlockState) -> Step | None:
+        """Program node `n` as a generator step on the tiles of `placed` (None while an operand is
+        not a tile yet, or when the op is not one of this space's block ops)."""
+        if n.op not in self._rank or n.op == "acc":
+            return None
+        args: list[int] = []
+        consts: list[tuple[int, float]] = []
+        for pos, operand in enumerate(n.inputs):
+            node = program.nodes[operand]
+            if node.op == "const":
+                consts.append((pos, float(node.attrs["value"])))
+            elif operand in placed:
+                args.append(placed[operand])
+            else:
+                return None
+        if not args or len(args) + len(consts) != len(n.inputs) or (n.op == "matmul" and consts):
+            return None
+        if n.op in COMMUTATIVE:
+            args.sort()
+        named = dict(n.attrs)
+        attrs: tuple[tuple[str, Any], ...] = ()
+        if "dim" in named:
+            dim = named["dim"] % len(s.tiles[args[0]].dims)
+            extra = (("keepdim", named["keepdim"]),) if n.op in ops.REDUCE else \
+                (("eps", float(named["eps"])),) if n.op == "rms_norm" else ()
+            attrs = (("dim", dim), *extra)
+        return n.op, tuple(args), attrs, tuple(consts)
 
     def _accumulated(self, start: BlockState) -> Iterator[tuple[int, BlockState]]:
         """Loop bodies with their accumulators chosen, each with its signature's digest. Two loop

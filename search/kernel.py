@@ -12,10 +12,12 @@ repeating an existing one (same expression, shape and chunking) is cut.
 A state is a candidate when, for every program output, some tensor has its shape and an abstract
 expression equal to the output's, and every kernel contributes to those outputs. States are
 explored by iterative deepening on the number of kernels, so the search is anytime: schedules with
-fewer launches are found first. Within a depth, first kernels over more inputs come first (fusion
-first), and each shard walks its subtree twice: graphs whose last kernel only combines computed
-tensors, then those whose last kernel reads program inputs again; from three kernels on, all that
-first with a library second kernel, then with a graph-defined one (see `candidates_in`).
+fewer launches are found first. The one-kernel search starts with the program itself as one block
+graph (`Generator.program_graphs`: a fused candidate, and a bound, after a state per op). Within a
+depth, first kernels over more inputs come first (fusion first), and each shard walks its subtree
+twice: graphs whose last kernel only combines computed tensors, then those whose last kernel reads
+program inputs again; from three kernels on, all that first with a library second kernel, then
+with a graph-defined one (see `candidates_in`).
 """
 
 from __future__ import annotations
@@ -82,7 +84,7 @@ class FirstKernel:
 
 
 Sink = tuple[AE, tuple[Size, ...], tuple[int, ...]]  # a block output: expression, full shape, program dim classes
-FirstChoice = tuple[str, Any]  # ("library", move key) | ("graph", input tensor indices)
+FirstChoice = tuple[str, Any]  # ("library", move key) | ("graph" | "program", input tensor indices)
 TIE = 1e-9  # relative difference of estimates below which two are the same (float sums differ in order)
 MIDDLES = ("library", "graph")  # kinds of second kernel, in the order graphs of 3+ kernels are grown
 BLOCK_CACHE_ENTRIES = 256  # input combinations whose block graphs are kept (least recently used go)
@@ -208,7 +210,12 @@ class KernelSearch:
                 if not final or needed <= set().union(*(_leaves(root.tensors[i].ae) for i in subset)):
                     graphs.append(("graph", subset))
         if final:
-            return library + graphs
+            # First, the program itself as one block graph (`Generator.program_graphs`): one
+            # state per op, so any program that fits one kernel has a fused candidate at once.
+            whole = tuple(range(len(root.tensors)))
+            program = [("program", whole)] if len(whole) <= self.config.max_block_inputs and \
+                not self.config.concrete else []
+            return program + library + graphs
         # Fusion first: a first kernel over more of the inputs can do more of the work, leaving the
         # later kernels small; one library op leaves the most. (The order only decides what an
         # exhausted budget has seen: every shard is searched when time allows.)
@@ -244,6 +251,10 @@ class KernelSearch:
         self.states += 1
         self._tick()
         final = depth == 1
+        if choice[0] == "program":
+            for state in self._graph_moves(root, final, only=choice[1], program=True):
+                yield from self._at_depth(state, depth)
+            return
         if firsts is not None:
             states = list(firsts)
         elif choice[0] == "library":
@@ -710,10 +721,11 @@ class KernelSearch:
 
     def _graph_moves(
         self, s: KState, final: bool, only: tuple[int, ...] | None = None, part: tuple[int, int] = (1, 0),
-        rereads: bool | None = None, later: int = 0,
+        rereads: bool | None = None, later: int = 0, program: bool = False,
     ) -> Iterator[KState]:
         """Graph kernels over every subset of the tensors (or `only` that one); `later` kernels to
-        come after a kernel that is not the last bound it (`_middle_floor`)."""
+        come after a kernel that is not the last bound it (`_middle_floor`). `program`: only the
+        block graphs that compute the program itself (over its inputs, `only` all of them)."""
         assert self._gen is not None
         indices = range(len(s.tensors))
         missing = self._missing(s) if final else []
@@ -745,7 +757,7 @@ class KernelSearch:
                 if self.config.concrete and tie is None:
                     yield from self._concrete_moves(s, subset, specs, final, missing)
                     continue
-                for block in self._blocks(specs, part):
+                for block in self._program_blocks(specs) if program else self._blocks(specs, part):
                     if final and not self._completes_exactly(missing, _sinks(block)):
                         self.pruned += 1
                         continue
@@ -815,6 +827,14 @@ class KernelSearch:
         if len(self.block_cache) > BLOCK_CACHE_ENTRIES:
             self.block_cache.pop(next(iter(self.block_cache)))
         for state in lazy:
+            self._tick()
+            yield state
+
+    def _program_blocks(self, specs: Sequence[InputSpec]) -> Iterator[BlockState]:
+        """The block graphs computing the program itself over its inputs (`specs`, at the root)."""
+        assert self._gen is not None
+        tiles = {self.program.inputs[sp.tensor].id: k for k, sp in enumerate(specs)}
+        for state in self._gen.program_graphs(self._gen.start(specs), self.program, tiles):
             self._tick()
             yield state
 

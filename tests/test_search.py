@@ -252,9 +252,11 @@ def test_a_probe_finds_a_one_kernel_schedule_the_whole_one_kernel_search_reaches
     """The one-kernel search walks the post-loop graphs of every small loop body before any larger
     body: for sum(rms_norm(-rsqrt(X)) @ W) (found by fuzz_optimize) the fused kernel needs a 5-op
     body and comes after some 150,000 states. The probe, at most 5 ops per block graph, proves
-    it within 60,000 states; without the probe those states leave the unfused baseline."""
+    it within 60,000 states; without the probe those states leave the unfused baseline. (The
+    program's own block graph, searched first, would find it at once: left out here.)"""
     from superopt.search import driver
 
+    _no_program_shard(monkeypatch)
     p = Program("chain")
     x, w = p.input("X", (2, 2, 16), "f16"), p.input("W", (2, 16, 8), "f16")
     p.output(p.sum(p.rms_norm(-p.rsqrt(x), -1) @ w, -1, keepdim=True))
@@ -263,6 +265,66 @@ def test_a_probe_finds_a_one_kernel_schedule_the_whole_one_kernel_search_reaches
     monkeypatch.setattr(driver, "PROBE_AFTER_STATES", 10**9)
     unprobed = run_search(p, h100, SearchConfig(), max_states=60_000)
     assert unprobed.best.sgraph.name.endswith(".unfused")
+
+
+def _two_products() -> Program:
+    """rms_norm and row sums of (gelu(sigmoid(X + 3)) @ W) * (X @ V) (found by fuzz_optimize):
+    8 ops over 3 inputs, a one-kernel search of hundreds of thousands of states."""
+    p = Program("two_products")
+    x, w, v = p.input("X", (2, 16, 32), "f16"), p.input("W", (2, 32, 8), "f16"), p.input("V", (2, 32, 8), "f16")
+    prod = p.op("mul", p.op("gelu", p.op("sigmoid", p.op("add", x, 3.0))) @ w, x @ v)
+    p.output(p.rms_norm(prod, -1), p.sum(prod, -1, keepdim=True))
+    return p
+
+
+def _no_program_shard(monkeypatch) -> None:
+    monkeypatch.setattr(Generator, "program_graphs", lambda self, start, program, tiles: iter(()))
+
+
+def _program_ops(p: Program) -> list[str]:
+    return sorted(n.op for n in p.topological() if n.op not in ("input", "const"))
+
+
+def test_the_program_itself_as_one_kernel_is_searched_first(h100, monkeypatch):
+    """Before the one-kernel search, the program itself as one block graph (its ops in canonical
+    order, `Generator.program_graphs`) is tiled, verified and bounds the rest: a program whose
+    one-kernel search outlasts the budget still gets its fused kernel, and with it the bound.
+    Without that first shard, the same states leave the unfused baseline."""
+    p = _two_products()
+    seeded = run_search(p, h100, SearchConfig(), max_states=3_000)
+    best = seeded.best
+    assert best.verdict.proved and len(best.sgraph.kernels) == 1 and seeded.stats.budget_exhausted
+    kernel = best.sgraph.kernels[0]
+    assert isinstance(kernel, GraphKernel)
+    assert sorted(op.op for op in (*kernel.block.body, *kernel.block.post) if op.op != "const") == _program_ops(p)
+    baseline = next(v for v in seeded.verified if v.sgraph.name.endswith(".unfused"))
+    assert best.best.estimate.time_us < baseline.best.estimate.time_us / 3
+    _no_program_shard(monkeypatch)
+    unseeded = run_search(p, h100, SearchConfig(), max_states=3_000)
+    assert unseeded.best.sgraph.name.endswith(".unfused")
+
+
+def test_the_program_as_one_block_graph_respects_the_op_bound_and_is_in_the_whole_space(h100):
+    """`program_graphs` builds the program's own ops in one block graph, nothing when they exceed
+    the block op bound; and what it builds the whole one-kernel search builds too (the same
+    candidates, so a complete search's answer does not change)."""
+    p = _two_products()
+    ks = KernelSearch(p, space_of(p), Oracle(p), SearchConfig(), target=h100)
+    specs = [ks._spec(t, i, False) for i, t in enumerate(ks.initial().tensors)]
+    tiles = {n.id: k for k, n in enumerate(p.inputs)}
+    graphs = list(ks._gen.program_graphs(ks._gen.start(specs), p, tiles))
+    assert graphs
+    for g in graphs:
+        assert sorted(t.op for t in g.tiles if t.phase == 0 and t.op != "input") == _program_ops(p)
+    small = Generator(space_of(p), Oracle(p), 7)
+    assert not list(small.program_graphs(small.start(specs), p, tiles))
+
+    q = workloads.resolve("rmsnorm_matmul:ci")
+    ks = KernelSearch(q, space_of(q), Oracle(q), SearchConfig(), target=h100)
+    program, graph = ks.first_choices(1)[0], ("graph", tuple(range(len(q.inputs))))
+    assert program[0] == "program"
+    own = {sg.dumps() for sg in ks.candidates_in(1, program)}
+    assert own and own <= {sg.dumps() for sg in ks.candidates_in(1, graph)}
 
 
 def test_a_probe_after_a_one_kernel_search_run_elsewhere_starts_at_two_kernels(h100, monkeypatch):
