@@ -378,8 +378,10 @@ class Generator:
         if not sinks or len(sinks) > MAX_ACCUMULATORS:
             return
         # Besides the sinks, a tile the body also reads may be accumulated when it holds a
-        # reduction (gathering an unreduced one after the loop adds nothing).
-        read = [k for k in range(len(body.tiles)) if k in body.used and _reduces(body.tiles[k].ae)]
+        # reduction (gathering an unreduced one after the loop adds nothing to compute from) or
+        # a program output (written as well: a residual sum returned with its rms_norm).
+        read = [k for k in range(len(body.tiles)) if k in body.used and (
+            _reduces(body.tiles[k].ae) or self.oracle.is_output(body.tiles[k].ae))]
         for extra in range(MAX_ACCUMULATORS - len(sinks) + 1):
             for more in combinations(read, extra):
                 state: BlockState | None = body.reordered()

@@ -327,6 +327,25 @@ def test_the_program_as_one_block_graph_respects_the_op_bound_and_is_in_the_whol
     assert own and own <= {sg.dumps() for sg in ks.candidates_in(1, graph)}
 
 
+def test_a_value_the_kernel_computes_from_and_returns_is_written_by_the_same_kernel(h100):
+    """A residual sum returned with its rms_norm (and exp(X) returned with exp(X) @ W): the block
+    graph reads the sum, so it is no sink, yet it is a program output, so it may be accumulated
+    and written too: one proved kernel instead of the two-launch baseline."""
+    add_norm = Program("add_rmsnorm")
+    h = add_norm.op("add", add_norm.input("X", (8, 4096), "f16"), add_norm.input("R", (8, 4096), "f16"))
+    add_norm.output(h, add_norm.rms_norm(h, -1))
+    with_product = Program("exp_and_product")
+    e = with_product.op("exp", with_product.input("X", (4, 16), "f16"))
+    with_product.output(e @ with_product.input("W", (16, 8), "f16"), e)
+    for p in (add_norm, with_product):
+        outcome = run_search(p, h100, SearchConfig())
+        best = outcome.best
+        baseline = next(v for v in outcome.verified if v.sgraph.name.endswith(".unfused"))
+        assert best.verdict.proved and len(best.sgraph.kernels) == 1, best.sgraph.dumps()
+        assert len(best.sgraph.kernels[0].outputs) == 2
+        assert best.best.estimate.time_us < baseline.best.estimate.time_us
+
+
 def test_a_probe_after_a_one_kernel_search_run_elsewhere_starts_at_two_kernels(h100, monkeypatch):
     """When workers run the one-kernel search, the driver's progress callback never sees it: the
     probe runs between depths, from two kernels on (the one-kernel graphs were all searched)."""

@@ -300,6 +300,11 @@ class Oracle:
         self._classes[e] = found
         return found
 
+    def is_output(self, e: AE) -> bool:
+        """Is e equal (under the axioms) to some program output's abstract expression?"""
+        found = self.class_of(e)
+        return found is not None and found in self._targets
+
     def equivalent(self, e: AE, output: int) -> bool:
         """Is e equal (under the axioms) to the abstract expression of program output `output`?"""
         found = self.class_of(e)
