@@ -11,6 +11,7 @@ dtype, programs defined only at negative inputs, unfusable negations, unprovable
 differences.
 
     .venv/bin/python scripts/fuzz_optimize.py [--seed 1] [--count 30] [--budget-s 20] [--json out/fuzz.json]
+        [--intermediate-outputs]
 """
 
 from __future__ import annotations
@@ -31,7 +32,9 @@ UNARY = ["exp", "sqrt", "silu", "relu", "neg", "square", "sigmoid", "gelu", "rsq
 BINARY = ["add", "mul", "sub", "div"]
 
 
-def random_program(rng: random.Random) -> Program:
+def random_program(rng: random.Random, intermediate: bool = False) -> Program:
+    """A random program; `intermediate` sometimes returns the value fed to the product too (the
+    draws before it are unchanged, so each seed's other programs stay the same)."""
     p = Program(f"fuzz{rng.randrange(10**6)}")
     dtype = rng.choice(["f16", "f16", "bf16", "f32"])
     n, d, e = rng.choice([(4, 8, 6), (2, 16, 8), (8, 4, 12), (16, 32, 8)])
@@ -62,6 +65,8 @@ def random_program(rng: random.Random) -> Program:
     extra = [p.op(rng.choice(["sum", "max"]), out, dim=-1, keepdim=True)] if rng.random() < 0.2 else []
     if rng.random() < 0.2:
         out = p.rms_norm(out, -1)
+    if intermediate and not extra and t is not x and rng.random() < 0.5:
+        extra = [t]
     p.output(out, *extra)
     return p
 
@@ -91,12 +96,14 @@ def main() -> None:
     ap.add_argument("--count", type=int, default=30)
     ap.add_argument("--budget-s", type=float, default=20.0)
     ap.add_argument("--json", default="out/fuzz.json")
+    ap.add_argument("--intermediate-outputs", action="store_true",
+                    help="sometimes return the product's left operand as well (a value the kernel also computes from)")
     args = ap.parse_args()
     rows = []
     with tempfile.TemporaryDirectory() as cache:  # kept sGraphs of throwaway programs go nowhere
         os.environ["SUPEROPT_CACHE_DIR"] = cache
         for i in range(args.count):
-            row = run(random_program(random.Random(args.seed * 1000 + i)), args.budget_s)
+            row = run(random_program(random.Random(args.seed * 1000 + i), args.intermediate_outputs), args.budget_s)
             rows.append(row)
             detail = row.get("error") or f"{row['kernels']} kernels, x{row['speedup']}"
             print(f"{i:3d} {row['verdict']:10s} {row['seconds']:6.1f} s  {detail}  {' '.join(row['ops'])}", flush=True)
