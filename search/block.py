@@ -317,7 +317,7 @@ class Generator:
     def _program_step(self, n: Node, program: Program, placed: Mapping[str, int], s: BlockState) -> Step | None:
         """Program node `n` as a generator step on the tiles of `placed` (None while an operand is
         not a tile yet, or when the op is not one of this space's block ops)."""
-        if n.op not in self._rank or n.op == "acc":
+        if n.op not in self.space.block_ops:
             return None
         args: list[int] = []
         consts: list[tuple[int, float]] = []

@@ -590,13 +590,10 @@ class KernelSearch:
         than any library op takes. Its floor is `_whole_floor` over the tensors it must read.
         None when a library kernel may be last (or any kernel may be a free view)."""
         missing = self._missing(s)
-        arity = max((ops.OPS[op].arity for op in self.space.library_ops), default=0)
         if self._free_kernels or not missing:
             return None
-        read = {i for k in s.kernels for i in k.tensor_inputs}
-        needed = self._inputs_of(missing)
-        unread = [n for n, t in enumerate(s.tensors[:len(self.program.inputs)]) if t.id in needed and t.id not in read]
-        unused = self._unused(s)
+        arity = max((ops.OPS[op].arity for op in self.space.library_ops), default=0)
+        unread, unused = self._left_to_read(s)
         middle_output = len(missing) == 1
 
         def floor(subset: tuple[int, ...]) -> float:
@@ -643,18 +640,22 @@ class KernelSearch:
         view of a computed tensor can be an output, or what an input or a kernel's output feeds)."""
         if self._free_kernels:
             return lambda subset: 0.0
-        read = {i for k in s.kernels for i in k.tensor_inputs}
-        missing = self._missing(s)
-        needed = self._inputs_of(missing)
-        unread = [n for n, t in enumerate(s.tensors[:len(self.program.inputs)]) if t.id in needed and t.id not in read]
-        unused = self._unused(s)
-        written = sum(self._output_bytes[i] for i in missing)
+        unread, unused = self._left_to_read(s)
+        written = sum(self._output_bytes[i] for i in self._missing(s))
 
         def owed(subset: tuple[int, ...]) -> float:
             return written + sum(self._bytes(s.tensors[i]) for i in unread if i not in subset) + sum(
                 min(self._bytes(s.tensors[i]) for i in produced) for produced in unused if not produced & set(subset))
 
         return owed
+
+    def _left_to_read(self, s: KState) -> tuple[list[int], list[set[int]]]:
+        """What the kernels after `s` must read: the program inputs the missing outputs need that
+        no kernel reads yet, and one output of each kernel whose outputs nothing reads (`_unused`)."""
+        read = {i for k in s.kernels for i in k.tensor_inputs}
+        needed = self._inputs_of(self._missing(s))
+        unread = [n for n, t in enumerate(s.tensors[:len(self.program.inputs)]) if t.id in needed and t.id not in read]
+        return unread, self._unused(s)
 
     def _merged_later(self, s: KState, merge_s: Callable[[int], float]) -> float:
         """When one kernel of `s` writes per-chunk partials that no kernel reads yet, some later
