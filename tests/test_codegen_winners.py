@@ -8,13 +8,15 @@ import pytest
 from cuda_harness import runner
 from cuda_harness.cases import H100, param_choices
 
-from superopt import workloads
+from superopt import Program, workloads
 from superopt.codegen import generate
 from superopt.codegen.nvcc import compile_report, nvcc_path
+from superopt.config import SearchConfig
 from superopt.costmodel import best_params
 from superopt.dtypes import dtype
 from superopt.instantiate import instantiate
 from superopt.reference import evaluate, max_rel_err, random_inputs
+from superopt.search.driver import run_search
 from superopt.sgraph import GraphKernel, TensorDecl, check_matches, rebind
 
 SEARCHES = list(workloads.WORKLOADS)  # each searched once at :ci per session (the `searched` fixture)
@@ -39,6 +41,25 @@ def test_search_winner_runs_correctly_in_the_cpu_harness(searched, name):
         for got, want in zip(outs, evaluate(program, inputs), strict=True):
             err = max_rel_err(got, want)
             assert err <= dtype(program.dtype).tolerance, (name, params, err)
+
+
+@pytest.mark.skipif(runner.gxx() is None, reason="g++ is not on PATH: the CPU harness needs it")
+def test_a_kernel_writing_a_value_it_also_computes_from_runs_correctly(h100):
+    """A residual sum returned with its rms_norm: the searched kernel writes both (the sum is an
+    accumulator the body also reads), and both come out right in the CPU harness."""
+    p = Program("add_rmsnorm")
+    h = p.op("add", p.input("X", (4, 64), "f16"), p.input("R", (4, 64), "f16"))
+    p.output(h, p.rms_norm(h, -1))
+    sg = run_search(p, h100, SearchConfig()).best.sgraph
+    assert len(sg.kernels) == 1 and len(sg.kernels[0].outputs) == 2
+    progs = [(params, generate(instantiate(sg, params, H100))) for params in param_choices(sg)]
+    runner.compile_all([prog for _, prog in progs])
+    for seed, (params, prog) in enumerate(progs, start=11):
+        inputs = random_inputs(p, seed)
+        outs = runner.run(prog, inputs)
+        assert len(outs) == 2
+        for got, want in zip(outs, evaluate(p, inputs), strict=True):
+            assert max_rel_err(got, want) <= dtype("f16").tolerance, params
 
 
 @pytest.mark.skipif(nvcc_path() is None, reason="nvcc is not on PATH: cannot compile for sm_90")
