@@ -36,7 +36,7 @@ import numpy as np
 
 from superopt import ops
 from superopt.build import BlockBuilder
-from superopt.object_cache import ObjectCache
+from superopt.object_cache import BoundedDict, ObjectCache
 from superopt.primitives import apply
 from superopt.program import Node, Program
 from superopt.reference import FloatAlgebra
@@ -58,6 +58,7 @@ UNIT = -1  # the class of a size-1 dim: broadcasts against anything, never split
 MAX_ACCUMULATORS = 3  # per block graph, as in Mirage's generator
 MAX_OUTPUTS = 2  # per block graph (flash decoding writes partial numerators and denominators)
 SPLIT_WIDTH = 4  # a loop-body walk in parts deals out the first level this many times wider than parts
+POST_ENTRIES = 1 << 16  # accumulator signatures whose post-loop graphs are kept (`_posts`)
 BODY_CACHE_ENTRIES = 4  # block spaces whose accumulated loop bodies are kept (least recently used go)
 
 # Per-axis status of a tile: how it relates to the axis' split (see `_statuses`).
@@ -158,6 +159,10 @@ class Lazy(Generic[T]):
                 except StopIteration:
                     self._done = True
 
+    def __len__(self) -> int:
+        """The items produced so far."""
+        return len(self._items)
+
 
 @dataclass
 class Generator:
@@ -176,7 +181,7 @@ class Generator:
         self.alg = self.oracle.alg
         self._rank = {op: i for i, op in enumerate((*self.space.block_ops, "acc"))}
         self._memo: dict[tuple[Any, ...], tuple[AE, tuple[int, ...], int] | None] = {}
-        self._post_memo: dict[tuple[Any, ...], tuple[int, list[tuple[Any, ...]]]] = {}
+        self._post_memo: BoundedDict[tuple[Any, ...], tuple[int, list[tuple[Any, ...]]]] = BoundedDict(POST_ENTRIES)
         self._bodies: dict[BlockState, Lazy[tuple[int, BlockState]]] = {}
         # bodies handed over by `adopt_bodies`, by start state and part
         self._adopted: dict[tuple[BlockState, tuple[int, int]], Lazy[tuple[int, BlockState]]] = {}
@@ -422,7 +427,8 @@ class Generator:
         twice for these accumulators' fingerprints is dropped. (Not generated: a post-loop graph
         needing two values that are one for the first accumulators only, as before fingerprints;
         keyed with them, 2.7 times as many post-loop walks over qknorm_gqa's Q and K, and the same
-        first kernels.)"""
+        first kernels.) Kept for the last `POST_ENTRIES` signatures: one dropped is walked again
+        for the accumulators that next ask for it."""
         first = _first_post(accs)
         key = tuple(entry[:-1] for entry in _signature(accs, first))  # the fingerprint is last
         room = self.max_ops - accs.nops

@@ -22,10 +22,12 @@ with a graph-defined one (see `candidates_in`).
 
 from __future__ import annotations
 
+import hashlib
 import math
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from itertools import combinations, product
 from typing import Any
 
@@ -34,7 +36,7 @@ from superopt.assignments import bounded_candidates, divisors
 from superopt.config import SearchConfig
 from superopt.dimclasses import NO_CLASS, dim_classes, input_classes
 from superopt.dtypes import dtype as get_dtype
-from superopt.object_cache import ObjectCache
+from superopt.object_cache import BoundedDict, ObjectCache
 from superopt.primitives import apply
 from superopt.program import Program
 from superopt.search.block import (
@@ -63,6 +65,11 @@ class KTensor:
     classes: tuple[int, ...]  # program dim class of each dim
     chunk: Chunk | None = None
 
+    @cached_property
+    def leaves(self) -> frozenset[str]:
+        """The program inputs its value reads (asked of the same tensors in state after state)."""
+        return frozenset(_leaves(self.ae))
+
 
 @dataclass(frozen=True)
 class KState:
@@ -88,6 +95,8 @@ FirstChoice = tuple[str, Any]  # ("library", move key) | ("graph" | "program", i
 TIE = 1e-9  # relative difference of estimates below which two are the same (float sums differ in order)
 MIDDLES = ("library", "graph")  # kinds of second kernel, in the order graphs of 3+ kernels are grown
 BLOCK_CACHE_ENTRIES = 256  # input combinations whose block graphs are kept (least recently used go)
+BLOCK_CACHE_STATES = 100_000  # block graphs kept in all (beyond those of the combination being generated)
+FLOOR_ENTRIES = 1 << 17  # kernels, and sets of kernels, whose least estimated times are kept
 
 
 class BudgetExhausted(Exception):
@@ -123,9 +132,11 @@ class KernelSearch:
         if self.target is not None:
             self.bandwidth, self.launch_s = self.target.dram_bytes_per_s, self.target.launch_overhead_s
         self._first_kernels: dict[tuple[FirstChoice, tuple[int, int]], list[FirstKernel]] = {}  # see first_kernels
-        self._kernel_floors: dict[str, dict[int, float]] = {}  # kernel and input shapes (text) -> `_floors`
-        self._floor_parts: dict[tuple[str, ...], tuple[float, dict[int, float] | None]] = {}  # see `_parts`
-        self._texts: ObjectCache[Kernel, str] = ObjectCache(65536)  # kernel -> its repr: see `_text`
+        # kernel and input shapes (`_floor_key`) -> `_floors`
+        self._kernel_floors: BoundedDict[bytes, dict[int, float]] = BoundedDict(FLOOR_ENTRIES)
+        self._floor_parts: BoundedDict[tuple[bytes, ...], tuple[float, dict[int, float] | None]] = BoundedDict(
+            FLOOR_ENTRIES)  # see `_parts`
+        self._digests: ObjectCache[Kernel, bytes] = ObjectCache(4096)  # kernel -> `_digest`
         self._inputs = random_inputs(self.program)  # small random program inputs for `_fingerprint`
         self._gen = Generator(self.space, self.oracle, self.config.max_block_ops, on_state=self._tick,
                               no_loop_tilings=not self.config.concrete)
@@ -207,7 +218,7 @@ class KernelSearch:
         graphs: list[FirstChoice] = []
         for size in range(1, self.config.max_block_inputs + 1):
             for subset in combinations(range(len(root.tensors)), size):
-                if not final or needed <= set().union(*(_leaves(root.tensors[i].ae) for i in subset)):
+                if not final or needed <= set().union(*(root.tensors[i].leaves for i in subset)):
                     graphs.append(("graph", subset))
         if final:
             # First, the program itself as one block graph (`Generator.program_graphs`): one
@@ -380,7 +391,7 @@ class KernelSearch:
         kernel reads yet, if there is exactly one, whose least time per chunk count is returned
         apart (for `_merged_later`; None otherwise). (0, None) when the estimates are not known."""
         assert self.target is not None
-        whole = tuple(self._text(k) for k in s.kernels)
+        whole = tuple(self._digest(k) for k in s.kernels)
         hit = self._floor_parts.get(whole)
         if hit is None:
             hit = self._floor_parts[whole] = self._split_floors(s)
@@ -389,18 +400,19 @@ class KernelSearch:
     def _split_floors(self, s: KState) -> tuple[float, dict[int, float] | None]:
         # Each kernel's floors, kept: the prefix sGraph is analyzed only for kernels not met
         # before (a middle kernel recurs after every first kernel computing the same tensors).
-        keys = [self._floor_key(s, k) for k in s.kernels]
-        if any(key not in self._kernel_floors for key in keys):
-            prefix = self._prefix(s)
-            if prefix is None:
-                return 0.0, None
-            for k in s.kernels:
-                self._floors(s, *prefix, k)
+        floors: dict[str, dict[int, float]] = {}
+        prefix: tuple[SGraph, dict[str, list[int]]] | None = None
+        for k in s.kernels:
+            hit = self._kernel_floors.get(self._floor_key(s, k))
+            if hit is None:
+                if prefix is None and (prefix := self._prefix(s)) is None:
+                    return 0.0, None
+                hit = self._floors(s, *prefix, k)
+            floors[k.id] = hit
         read = {t for k in s.kernels for t in k.tensor_inputs}
         unmerged = {t.id for t in s.tensors if t.chunk is not None and t.id not in read}
         pending = [k.id for k in s.kernels if unmerged & set(k.outputs)]
         lone = pending[0] if len(pending) == 1 else None
-        floors = {k.id: self._kernel_floors[key] for k, key in zip(s.kernels, keys, strict=True)}
         others = sum(min(f.values(), default=math.inf) for kid, f in floors.items() if kid != lone)
         return others, None if lone is None else floors[lone]
 
@@ -430,14 +442,16 @@ class KernelSearch:
             hit = self._kernel_floors[key] = costmodel.kernel_floors(sg, self.target, k, values, by=chunks)
         return hit
 
-    def _floor_key(self, s: KState, k: Kernel) -> str:
+    def _floor_key(self, s: KState, k: Kernel) -> bytes:
         """What a kernel's floors depend on: the kernel and the shapes of its inputs."""
-        return self._text(k) + repr([t.shape for t in s.tensors if t.id in k.tensor_inputs])
+        return self._digest(k) + repr([t.shape for t in s.tensors if t.id in k.tensor_inputs]).encode()
 
-    def _text(self, k: Kernel) -> str:
-        """repr(k), the key of a kernel's floors and estimates: kept per kernel object (states
-        grown from one kernel share the object; a block graph's repr is slow)."""
-        return self._texts.get(k, None, lambda: repr(k))
+    def _digest(self, k: Kernel) -> bytes:
+        """A 128-bit digest of repr(k), the key of a kernel's floors: kept per kernel object
+        (states grown from one kernel share the object; a block graph's repr is slow). A digest,
+        not the text: the floors of a long search are kept for some 100,000 kernels, whose
+        texts take a kilobyte or more each."""
+        return self._digests.get(k, None, lambda: hashlib.blake2b(repr(k).encode(), digest_size=16).digest())
 
     def _ranked_first(self, st: KState) -> FirstKernel:
         """`st` with what ranks it among the first kernels computing the same values."""
@@ -740,7 +754,7 @@ class KernelSearch:
                     continue
                 if any(not unread & set(subset) for unread in unused):
                     continue
-                if final and not needed <= set().union(*(_leaves(s.tensors[i].ae) for i in subset)):
+                if final and not needed <= set().union(*(s.tensors[i].leaves for i in subset)):
                     continue  # the last kernel must see every program input its outputs read
                 if final and self._last_graph_floor(s, spent, subset, missing) > self.bound_s:
                     self.pruned += 1
@@ -818,15 +832,18 @@ class KernelSearch:
     def _blocks(self, specs: Sequence[InputSpec], part: tuple[int, int] = (1, 0)) -> Iterator[BlockState]:
         """Complete block graphs over these inputs, smallest first. Generated lazily and memoized
         (the same inputs recur across kernel-level states): a later walk over the same inputs
-        replays what was generated and continues from there."""
+        replays what was generated and continues from there. Kept for the most recently used
+        combinations of inputs, within `BLOCK_CACHE_ENTRIES` and `BLOCK_CACHE_STATES`."""
         assert self._gen is not None
         key = (part, *((sp.shape, sp.ae, sp.classes, sp.tied_dim) for sp in specs))
         lazy = self.block_cache.pop(key, None)
         if lazy is None:
             lazy = Lazy[BlockState](self._gen.complete_graphs(self._gen.start(specs), part))
+            # Room for it: the least recently used go, past so many combinations or block graphs.
+            kept = sum(map(len, self.block_cache.values()))
+            while self.block_cache and (len(self.block_cache) >= BLOCK_CACHE_ENTRIES or kept > BLOCK_CACHE_STATES):
+                kept -= len(self.block_cache.pop(next(iter(self.block_cache))))
         self.block_cache[key] = lazy  # most recently used last
-        if len(self.block_cache) > BLOCK_CACHE_ENTRIES:
-            self.block_cache.pop(next(iter(self.block_cache)))
         for state in lazy:
             self._tick()
             yield state

@@ -166,26 +166,23 @@ def check_attrs(op: str, attrs: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _check_attr(op: str, name: str, kind: str, v: Any) -> Any:
-    bad = OpError(f"attribute {name!r} of {op} must be {_KIND_TEXT[kind]}, got {v!r}")
     if kind == "int":
-        if isinstance(v, bool) or not isinstance(v, int):
-            raise bad
-        return v
-    if kind == "bool":
-        if not isinstance(v, bool):
-            raise bad
-        return v
+        ok = isinstance(v, int) and not isinstance(v, bool)
+    elif kind == "bool":
+        ok = isinstance(v, bool)
+    elif kind == "float":
+        ok = isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+    elif kind in ("perm", "shape"):
+        ok = isinstance(v, list | tuple) and all(isinstance(i, int) and not isinstance(i, bool) for i in v)
+    else:
+        raise AssertionError(kind)
+    if not ok:
+        raise OpError(f"attribute {name!r} of {op} must be {_KIND_TEXT[kind]}, got {v!r}")
     if kind == "float":
-        if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
-            raise bad
         return float(v)
-    if kind in ("perm", "shape"):
-        if not isinstance(v, list | tuple) or not all(isinstance(i, int) and not isinstance(i, bool) for i in v):
-            raise bad
-        if kind == "shape" and any(i <= 0 for i in v):
-            raise OpError(f"attribute {name!r} of {op} has a non-positive dimension: {list(v)}")
-        return tuple(v)
-    raise AssertionError(kind)
+    if kind == "shape" and any(i <= 0 for i in v):
+        raise OpError(f"attribute {name!r} of {op} has a non-positive dimension: {list(v)}")
+    return tuple(v) if kind in ("perm", "shape") else v
 
 
 _KIND_TEXT = {

@@ -111,7 +111,7 @@ class Size:
         return Size.of(other) * self.inv()
 
     # -- queries --------------------------------------------------------------------------
-    @property
+    @cached_property
     def symbols(self) -> frozenset[str]:
         return frozenset(s for m, _ in self.terms for s, _ in m)
 
@@ -176,6 +176,10 @@ class Size:
 
     # -- text ---------------------------------------------------------------------------
     def __str__(self) -> str:
+        return self._text
+
+    @cached_property
+    def _text(self) -> str:  # kept: kernel texts and constraint messages print the same sizes often
         if not self.terms:
             return "0"
         return " + ".join(_term_str(m, c) for m, c in self.terms)
@@ -352,4 +356,16 @@ def _power(symbol: str, exponent: int) -> str:
 
 
 def product(sizes: Iterable[Size | int]) -> Size:
-    return reduce(lambda a, b: a * Size.of(b), sizes, Size.const(1))
+    factors = [Size.of(s) for s in sizes]
+    if not all(len(f.terms) == 1 for f in factors):
+        return reduce(lambda a, b: a * b, factors, Size.const(1))
+    # Monomials (tile shapes, grid sizes): exponents add up, coefficients multiply, one
+    # normalization at the end (`__mul__` pair by pair normalizes a Fraction at every step).
+    exps: dict[str, int] = {}
+    num = den = 1
+    for f in factors:
+        (mono, c), = f.terms
+        num, den = num * c.numerator, den * c.denominator
+        for s, e in mono:
+            exps[s] = exps.get(s, 0) + e
+    return Size(((tuple(sorted((s, e) for s, e in exps.items() if e != 0)), Fraction(num, den)),))

@@ -1114,6 +1114,28 @@ def test_concrete_first_kernels_are_compared_at_their_fixed_chunk_counts(h100):
     assert 0 < len(kept) < len(firsts)
 
 
+@pytest.mark.parametrize(("spec", "depth"), [("gqa:ci", 2), ("lora:ci", 3)])
+def test_bounded_memos_change_what_is_searched_again_not_what_is_found(h100, monkeypatch, spec, depth):
+    """The block graphs, floors, post-loop recipes and tilings a search keeps are bounded (a long
+    search's memory stops growing); past the bounds, what was dropped is generated again. With
+    bounds of a few entries, the same candidates come in the same order, from more states."""
+    from superopt.search import block, kernel
+
+    def candidates() -> tuple[list[str], int]:
+        program = workloads.resolve(spec)
+        ks = KernelSearch(program, space_of(program), Oracle(program), SearchConfig(max_kernel_ops=depth), target=h100)
+        return [sg.dumps() for sg in ks.candidates()], ks.total_states
+
+    kept, kept_states = candidates()
+    for name, limit in [("BLOCK_CACHE_ENTRIES", 2), ("BLOCK_CACHE_STATES", 10), ("FLOOR_ENTRIES", 4)]:
+        monkeypatch.setattr(kernel, name, limit)
+    monkeypatch.setattr(block, "POST_ENTRIES", 2)
+    monkeypatch.setattr(block, "PLAN_ENTRIES", 4)
+    dropped, dropped_states = candidates()
+    assert len(kept) > 50 and dropped == kept
+    assert dropped_states > 2 * kept_states  # block graphs were dropped and generated again
+
+
 def test_full_collections_are_rare_while_searching_and_as_before_afterwards(h100):
     """A search keeps a large memo of long-lived objects: while it runs, a full garbage collection
     waits for FULL_COLLECTION_AFTER middle-generation ones; the process's thresholds are restored

@@ -324,6 +324,26 @@ def _random_size(rng: np.random.Generator) -> Size:
     return total
 
 
+def test_a_product_of_sizes_is_their_product_pair_by_pair():
+    """`product` multiplies monomials in one step (tile shapes, grid sizes): the same size as
+    multiplying pair by pair, for monomials, sums, integers and the empty product."""
+    from functools import reduce
+
+    from superopt.sizes import product
+
+    rng = np.random.default_rng(11)
+    monomial = 0
+    for _ in range(300):
+        factors: list[Size | int] = []
+        for _ in range(int(rng.integers(0, 5))):
+            size = _random_size(rng)
+            factors.append(int(rng.integers(1, 9)) if rng.random() < 0.2 else size)
+        monomial += all(isinstance(f, int) or len(f.terms) == 1 for f in factors)
+        assert product(factors) == reduce(lambda a, b: a * Size.of(b), factors, Size.const(1))
+    assert monomial > 50  # the one-step path was taken, not only the pairwise one
+    assert product([]) == Size.const(1)
+
+
 def test_compiled_sizes_are_int_value_for_ints_and_columns():
     """The generated evaluator gives int_value's result, or its error, for each value and for
     whole columns (the first bad row named); ratios are exact numerator and denominator."""
@@ -420,3 +440,16 @@ def test_object_cache_keeps_values_by_identity_and_key():
     assert cache.get(a, 2, lambda: calls.append("a2") or "A2") == "A2"  # another key: another value
     assert cache.get(a, 1, lambda: calls.append("a1 again") or "A1'") == "A1'"  # the oldest went at 3 entries
     assert calls == ["a1", "twin", "a2", "a1 again"]
+    assert len(cache) == 2
+
+
+def test_bounded_dict_drops_its_oldest_entries_past_its_limit():
+    from superopt.object_cache import BoundedDict
+
+    memo: BoundedDict[str, int] = BoundedDict(limit=2)
+    memo["a"], memo["b"] = 1, 2
+    memo["a"] = 10  # a new value, not a new entry: nothing goes, and "a" stays the oldest
+    assert dict(memo) == {"a": 10, "b": 2}
+    memo["c"] = 3
+    assert dict(memo) == {"b": 2, "c": 3}
+    assert memo.get("a") is None
