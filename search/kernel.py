@@ -154,7 +154,7 @@ class KernelSearch:
         values = abstract_program(self.program)
         self._nbytes = min(get_dtype(n.dtype or "f32").nbytes for n in self.program.inputs)
         self._output_bytes = [self._bytes(KTensor(n.id, n.size_shape, ("c",), ())) for n in self._outputs]
-        self._targets = [values[o][0] for o in self.program.outputs]
+        self._target_leaves = [_leaves(values[o][0]) for o in self.program.outputs]  # see `_inputs_of`
         self._library_attrs: dict[str, list[dict[str, Any]]] = {}
         for n in self.program.topological():
             if n.op in ("input", "const"):
@@ -568,7 +568,7 @@ class KernelSearch:
         return out
 
     def _inputs_of(self, outputs: list[int]) -> set[str]:
-        return set().union(*(_leaves(self._targets[i]) for i in outputs)) if outputs else set()
+        return set().union(*(self._target_leaves[i] for i in outputs))
 
     def _last_graph_floor(self, s: KState, spent: float, subset: tuple[int, ...], missing: list[int]) -> float:
         """The least time of `s` plus a last graph kernel over these tensors: `spent` plus
