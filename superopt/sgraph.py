@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from fractions import Fraction
 from functools import cached_property
 from typing import Any, Literal
 
@@ -30,7 +31,7 @@ from superopt import ops
 from superopt.dtypes import dtype as get_dtype
 from superopt.object_cache import ObjectCache
 from superopt.ops import OpError, Shape
-from superopt.sizes import Size, SizeError, product
+from superopt.sizes import Monomial, Size, SizeError, product
 
 SCHEMA = "superopt.sgraph/1"
 ACCUMULATORS = ("sum", "mean", "concat")
@@ -217,10 +218,11 @@ class Constraint:
     kind: str
     expr: Size
     kernel: str
-    where: str
+    where: str  # what it constrains; a `str.format` template of `parts` when there are parts
+    parts: tuple[Any, ...] = ()  # formatted only when described: sizes print slowly, and most never are
 
     def describe(self) -> str:
-        return f"kernel {self.kernel}: {self.where}"
+        return f"kernel {self.kernel}: {self.where.format(*self.parts) if self.parts else self.where}"
 
 
 @dataclass
@@ -415,14 +417,15 @@ def _block_analysis(
         in_tile: list[Size] = []
         for d, n in enumerate(full):
             factor = product(split.get(d, []))
-            in_tile.append(n / factor)
+            share = n / factor
+            in_tile.append(share)
             if d in split:
                 axes = [a.name for a, m in zip(b.grid, inp.imap, strict=True) if m == d]
                 if inp.fmap == d:
                     axes.append(f"the loop {b.loop.name}")
                 constraints.append(Constraint(
-                    "divides", n / factor, k.id,
-                    f"{w} dim {d} ({n}) must divide evenly by {' and '.join(axes)} ({factor})",
+                    "divides", share, k.id, "{} dim {} ({}) must divide evenly by {} ({})",
+                    (w, d, n, " and ".join(axes), factor),
                 ))
         define(inp.id, "input", tuple(in_tile))
     for op in b.body:
@@ -467,8 +470,8 @@ def _block_analysis(
     for tid, users in consumers.items():
         if not users:
             raise SGraphError(f"{where}: block tensor {tid!r} is computed but never used")
-    grid_text = " x ".join(str(s) for s in grid_sizes)
-    constraints.append(Constraint("blocks", product(grid_sizes), k.id, f"grid {grid_text} blocks"))
+    constraints.append(Constraint("blocks", product(grid_sizes), k.id, "grid {} blocks",
+                                  (_Joined(" x ", tuple(grid_sizes)),)))
     info = BlockInfo(tiles, {}, consumers, phase)
     info.storage = _storage_plan(b, info, dt)
     constraints.append(Constraint("smem", smem_bytes(info), k.id, "shared memory of the block's tiles"))
@@ -533,11 +536,24 @@ def _storage_plan(b: BlockGraph, info: BlockInfo, dt: str) -> dict[str, str | No
 
 
 def smem_bytes(info: BlockInfo) -> Size:
-    total = Size.const(0)
+    terms: dict[Monomial, Fraction] = {}  # summed at once: a sum of sizes sorts its terms at every step
     for tid, st in info.storage.items():
         if st is not None:
-            total = total + product(info.shapes[tid]) * get_dtype(st).nbytes
-    return total
+            nbytes = get_dtype(st).nbytes
+            for mono, coeff in product(info.shapes[tid]).terms:
+                terms[mono] = terms.get(mono, Fraction(0)) + coeff * nbytes
+    return Size.of_terms(terms)
+
+
+@dataclass(frozen=True)
+class _Joined:
+    """Items printed with a separator between them, when printed (a constraint's message part)."""
+
+    sep: str
+    items: tuple[Any, ...]
+
+    def __str__(self) -> str:
+        return self.sep.join(str(i) for i in self.items)
 
 
 def _check_all_used(sg: SGraph, shapes: Mapping[str, Shape]) -> None:

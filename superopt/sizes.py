@@ -71,7 +71,8 @@ class Size:
         return Size(((((name, 1),), Fraction(1)),))
 
     @staticmethod
-    def _from(terms: Mapping[Monomial, Fraction]) -> Size:
+    def of_terms(terms: Mapping[Monomial, Fraction]) -> Size:
+        """The sum of these terms (coefficient by monomial), in canonical form."""
         return Size(tuple(sorted(((m, c) for m, c in terms.items() if c != 0), key=lambda t: t[0])))
 
     # -- arithmetic ---------------------------------------------------------------------
@@ -80,7 +81,7 @@ class Size:
         acc: dict[Monomial, Fraction] = dict(self.terms)
         for m, c in other.terms:
             acc[m] = acc.get(m, Fraction(0)) + c
-        return Size._from(acc)
+        return Size.of_terms(acc)
 
     __radd__ = __add__
 
@@ -94,7 +95,7 @@ class Size:
             for m2, c2 in other.terms:
                 m = _mono_mul(m1, m2)
                 acc[m] = acc.get(m, Fraction(0)) + c1 * c2
-        return Size._from(acc)
+        return Size.of_terms(acc)
 
     __rmul__ = __mul__
 
@@ -105,7 +106,11 @@ class Size:
         return Size((((tuple((s, -e) for s, e in m)), 1 / c),))
 
     def __truediv__(self, other: Size | int) -> Size:
-        return self * Size.of(other).inv()
+        other = Size.of(other)
+        if len(self.terms) == 1 and len(other.terms) == 1:  # monomials (tile sizes): one Fraction division
+            (m1, c1), (m2, c2) = self.terms[0], other.terms[0]
+            return Size(((_mono_mul(m1, tuple((s, -e) for s, e in m2)), c1 / c2),))
+        return self * other.inv()
 
     def __rtruediv__(self, other: Size | int) -> Size:
         return Size.of(other) * self.inv()

@@ -324,6 +324,17 @@ def _random_size(rng: np.random.Generator) -> Size:
     return total
 
 
+def test_constraints_describe_what_they_constrain():
+    """A constraint's message is formatted when described (sizes print slowly, most messages are
+    never read): it names the kernel, the input, the dim and the splits, or the grid."""
+    _, sg = workloads.reference_for("gqa:ci")
+    described = [c.describe() for c in sg.info.constraints]
+    assert "kernel k0: input 'K_t' (K) dim 2 (64) must divide evenly by z and the loop f (F*gz)" in described
+    assert "kernel k1: input 'NUM_t' (NUM) dim 2 (16*gz) must divide evenly by the loop z (gz)" in described
+    assert "kernel k0: grid gx x gy x gz blocks" in described
+    assert "kernel k1: shared memory of the block's tiles" in described
+
+
 def test_a_product_of_sizes_is_their_product_pair_by_pair():
     """`product` multiplies monomials in one step (tile shapes, grid sizes): the same size as
     multiplying pair by pair, for monomials, sums, integers and the empty product."""
