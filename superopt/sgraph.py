@@ -23,7 +23,6 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from fractions import Fraction
 from functools import cached_property
 from typing import Any, Literal
 
@@ -31,7 +30,7 @@ from superopt import ops
 from superopt.dtypes import dtype as get_dtype
 from superopt.object_cache import ObjectCache
 from superopt.ops import OpError, Shape
-from superopt.sizes import Monomial, Size, SizeError, product
+from superopt.sizes import Size, SizeError, product, total
 
 SCHEMA = "superopt.sgraph/1"
 ACCUMULATORS = ("sum", "mean", "concat")
@@ -536,13 +535,7 @@ def _storage_plan(b: BlockGraph, info: BlockInfo, dt: str) -> dict[str, str | No
 
 
 def smem_bytes(info: BlockInfo) -> Size:
-    terms: dict[Monomial, Fraction] = {}  # summed at once: a sum of sizes sorts its terms at every step
-    for tid, st in info.storage.items():
-        if st is not None:
-            nbytes = get_dtype(st).nbytes
-            for mono, coeff in product(info.shapes[tid]).terms:
-                terms[mono] = terms.get(mono, Fraction(0)) + coeff * nbytes
-    return Size.of_terms(terms)
+    return total(product(info.shapes[tid]) * get_dtype(st).nbytes for tid, st in info.storage.items() if st is not None)
 
 
 @dataclass(frozen=True)

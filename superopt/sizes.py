@@ -77,11 +77,7 @@ class Size:
 
     # -- arithmetic ---------------------------------------------------------------------
     def __add__(self, other: Size | int) -> Size:
-        other = Size.of(other)
-        acc: dict[Monomial, Fraction] = dict(self.terms)
-        for m, c in other.terms:
-            acc[m] = acc.get(m, Fraction(0)) + c
-        return Size.of_terms(acc)
+        return total((self, Size.of(other)))
 
     __radd__ = __add__
 
@@ -358,6 +354,15 @@ def _ratio_code(size: Size) -> tuple[str, str]:
 
 def _power(symbol: str, exponent: int) -> str:
     return "" if exponent == 0 else f"s_{symbol}" if exponent == 1 else f"s_{symbol}**{exponent}"
+
+
+def total(sizes: Iterable[Size]) -> Size:
+    """The sum of these sizes, its terms collected at once (`+` pair by pair sorts them at every step)."""
+    terms: dict[Monomial, Fraction] = {}
+    for size in sizes:
+        for mono, coeff in size.terms:
+            terms[mono] = terms.get(mono, Fraction(0)) + coeff
+    return Size.of_terms(terms)
 
 
 def product(sizes: Iterable[Size | int]) -> Size:
