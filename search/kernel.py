@@ -25,10 +25,10 @@ from __future__ import annotations
 import hashlib
 import math
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
-from itertools import combinations, product
+from itertools import combinations
 from typing import Any
 
 from superopt import costmodel, ops
@@ -54,7 +54,7 @@ from superopt.search.space import Space
 from superopt.sgraph import GraphKernel, Kernel, LibraryKernel, SGraph, SGraphError, TensorDecl, analyze
 from superopt.sizes import Size
 from superopt.targets import Target
-from superopt.verifier.oracle import AE, Oracle, abstract_program
+from superopt.verifier.oracle import AE, C, Oracle, abstract_program
 
 
 @dataclass(frozen=True)
@@ -143,6 +143,10 @@ class KernelSearch:
         self._alg = self.oracle.alg
         self._outputs = [self.program.nodes[o] for o in self.program.outputs]
         classes = dim_classes(self.program)
+        self._class_sizes = {c: self.program.nodes[n].shape[d] for (n, d), c in classes.items() if c != NO_CLASS}
+        # `_after_middle` follows values through the e-graph by their dim classes, which a
+        # reshape does not keep.
+        self._reach = self.target is not None and all(n.op != "reshape" for n in self.program.nodes.values())
         self._output_classes = [tuple(classes[(o, d)] for d in range(len(self.program.nodes[o].shape)))
                                 for o in self.program.outputs]
         self._whole_floors: dict[tuple[Any, ...], float] = {}  # last kernel's inputs -> `_whole_floor`
@@ -541,8 +545,19 @@ class KernelSearch:
         more ways to cut the same reads, a lower floor)."""
         if self.bound_s == float("inf") or self.target is None or not missing:
             return 0.0
-        read = tuple(sorted((self._bytes(s.tensors[i]), frozenset(s.tensors[i].classes) - {NO_CLASS})
-                            for i in inputs))
+        return self._read_floor([self._read(s.tensors[i]) for i in inputs], missing, loop, more_inputs)
+
+    def _read(self, t: KTensor) -> tuple[float, frozenset[int]]:
+        """What a kernel reading `t` reads: its fewest bytes and the program dim classes it spans."""
+        return self._bytes(t), frozenset(t.classes) - {NO_CLASS}
+
+    def _read_floor(
+        self, reads: Sequence[tuple[float, frozenset[int]]], missing: list[int], loop: int = 1,
+        more_inputs: bool = False,
+    ) -> float:
+        """`_whole_floor` of a last kernel reading tensors of these bytes and dim classes."""
+        assert self.target is not None
+        read = tuple(sorted(reads))
         key = (read, tuple(missing), loop, more_inputs)
         hit = self._whole_floors.get(key)
         if hit is None:
@@ -568,24 +583,14 @@ class KernelSearch:
                        for t in s.tensors)
         ]
 
-    def _unused(self, s: KState) -> list[set[int]]:
-        """For each kernel whose outputs neither a later kernel reads nor matches a program output,
-        the indices of its output tensors: the last kernel must read one of each, or that kernel
-        would not contribute (a candidate needs every kernel; checked early, it saves whole
-        searches of the last kernel over the program's raw inputs)."""
-        index = {t.id: n for n, t in enumerate(s.tensors)}
+    def _unused(self, s: KState) -> list[int]:
+        """The kernel outputs that no kernel reads and no program output can be: a later kernel
+        must read each, as a candidate reads or returns every tensor (`_candidate`; checked
+        early, it saves whole searches of the last kernel over the program's raw inputs)."""
         read = {i for k in s.kernels for i in k.tensor_inputs}
-        out = []
-        for k in s.kernels:
-            produced = {index[o] for o in k.outputs}
-            if read & set(k.outputs) or any(
-                s.tensors[n].chunk is None and s.tensors[n].shape == node.size_shape
-                and self.oracle.equivalent(s.tensors[n].ae, i)
-                for n in produced for i, node in enumerate(self._outputs)
-            ):
-                continue
-            out.append(produced)
-        return out
+        return [n for n, t in enumerate(s.tensors) if n >= len(self.program.inputs) and t.id not in read and not any(
+            t.chunk is None and t.shape == node.size_shape and self.oracle.equivalent(t.ae, i)
+            for i, node in enumerate(self._outputs))]
 
     def _inputs_of(self, outputs: list[int]) -> set[str]:
         return set().union(*(self._target_leaves[i] for i in outputs))
@@ -616,13 +621,14 @@ class KernelSearch:
         return floor
 
     def _last_after(self, s: KState) -> Callable[[tuple[int, ...]], float] | None:
-        """The least time of the last kernel after `s` and a kernel over a subset of its tensors,
-        when it must be a graph kernel: it reads what that subset leaves unread (the program
-        inputs the missing outputs need, one output of each kernel nothing reads: `_owed`) and,
-        when one output is missing, an output of that kernel (which would otherwise not
-        contribute: writing the output itself leaves the last kernel nothing to do), more tensors
-        than any library op takes. Its floor is `_whole_floor` over the tensors it must read.
-        None when a library kernel may be last (or any kernel may be a free view)."""
+        """The least time of the last kernel after `s` and a middle kernel over a subset of its
+        tensors: it reads what that subset leaves unread (the program inputs the missing outputs
+        need, the kernel outputs nothing reads: `_owed`) and, when one output is missing, an
+        output of the middle kernel (which would otherwise not contribute: writing the output
+        itself leaves the last kernel nothing to do). Then its inputs must let it compute that
+        output (`_after_middle`); else, with more tensors to read than any library op takes, its
+        floor is `_whole_floor` over them, and 0 when a library kernel may be last. None when any
+        kernel may be a free view."""
         missing = self._missing(s)
         if self._free_kernels or not missing:
             return None
@@ -631,14 +637,78 @@ class KernelSearch:
         middle_output = len(missing) == 1
 
         def floor(subset: tuple[int, ...]) -> float:
-            must = [i for i in unread if i not in subset]
-            choices = [sorted(produced) for produced in unused if not produced & set(subset)]
-            if len(must) + len(choices) + middle_output <= arity:
+            must = tuple(sorted({i for i in (*unread, *unused) if i not in subset}))
+            if middle_output and self._reach:
+                return self._after_middle(s, must, self._reachable([s.tensors[i] for i in subset]), missing[0], arity)
+            if len(must) + middle_output <= arity:
                 return 0.0
-            return min(self._whole_floor(s, tuple(sorted({*must, *picked})), missing, more_inputs=True)
-                       for picked in product(*choices))
+            return self._whole_floor(s, must, missing, more_inputs=True)
 
         return floor
+
+    def _reachable(self, tensors: Sequence[KTensor]) -> Mapping[str, frozenset[int]]:
+        """The values a kernel reading these tensors can compute, with the dim classes each spans
+        at least (`Reach.of`; per-chunk partials span their dims once merged: the chunks stack
+        along a dim of the merged value's class)."""
+        start: dict[str, frozenset[int]] = {}
+        for t in tensors:
+            cls = self.oracle.class_of(t.ae)
+            if cls is not None:
+                spans = self._read(t)[1]
+                start[cls] = start[cls] & spans if cls in start else spans
+        return self.oracle.reach.of(start)
+
+    def _after_middle(
+        self, s: KState, base: tuple[int, ...], middle: Mapping[str, frozenset[int]], output: int, arity: int,
+    ) -> float:
+        """The least time of a last kernel that computes program output `output` reading the
+        tensors `base` of `s`, at least one output of a middle kernel (a value of `middle`, the
+        values that kernel can compute: `_reachable`) and any other tensors of `s`: inf when none
+        can. Its inputs must let it compute the output (`Reach.of`). A graph kernel takes at least
+        `_read_floor` of `base` and each other input, so at least the least threshold whose inputs
+        under it let it compute the output, one of them the middle's; a library kernel reads
+        `base` and at most `arity` tensors in all. A middle output of value X spans X's dims
+        (`Reach`): as few bytes as their sizes, read again no more often than a tensor spanning
+        more dims would be (each extra dim splits at most as many ways as it multiplies bytes)."""
+        target = self.oracle.output_class(output)
+        if target is None:
+            return 0.0
+        reach = self.oracle.reach
+        reads = [self._read(s.tensors[i]) for i in base]
+        have = {c for i in base if (c := self.oracle.class_of(s.tensors[i].ae)) is not None}
+        others: list[tuple[str, tuple[float, frozenset[int]], bool]] = [
+            (c, self._read(t), False) for i, t in enumerate(s.tensors)
+            if i not in base and (c := self.oracle.class_of(t.ae)) is not None]
+        others += [(c, (self._nbytes * math.prod(self._class_sizes[d] for d in dims), dims), True)
+                   for c, dims in middle.items()]
+        if self.oracle.class_of(C) is None:  # a middle output may be a constant outside the e-graph
+            others.append(("", (self._nbytes, frozenset()), True))
+
+        def computes(extra: Sequence[str]) -> bool:
+            return target in reach.of(dict.fromkeys((*have, *extra), frozenset()))
+
+        # A graph kernel: the least threshold on the inputs' own floors that lets it compute.
+        ranked = sorted((self._read_floor([*reads, read], [output], more_inputs=True), c, mid)
+                        for c, read, mid in others)
+        graph = math.inf
+        first_mid = next((k for k, (_, _, mid) in enumerate(ranked) if mid), None)
+        if first_mid is not None:
+            lo, hi = first_mid, len(ranked)  # the answer is in [lo, hi) (hi: none computes)
+            while lo < hi:
+                mid_k = (lo + hi) // 2
+                if computes([c for _, c, _ in ranked[:mid_k + 1]]):
+                    hi = mid_k
+                else:
+                    lo = mid_k + 1
+            if lo < len(ranked):
+                graph = ranked[lo][0]
+        # A library kernel: `base` and one to `arity - len(base)` more inputs, one of the middle's.
+        moved = sum(b for b, _ in reads) + self._output_bytes[output]
+        library = sorted((self.launch_s + (moved + sum(read[0] for _, read, _ in extra)) / self.bandwidth,
+                          tuple(c for c, _, _ in extra))
+                         for n in range(1, arity - len(base) + 1) for extra in combinations(others, n)
+                         if any(mid for _, _, mid in extra))
+        return min(graph, next((cost for cost, extra in library if cost < graph and computes(extra)), math.inf))
 
     def _middle_own(self, s: KState, subset: tuple[int, ...]) -> float:
         """The least time of a graph kernel that reads these tensors of `s` and is not the last:
@@ -670,7 +740,7 @@ class KernelSearch:
     def _owed(self, s: KState) -> Callable[[tuple[int, ...]], float]:
         """The fewest bytes the kernels after `s` must move, but for one reading a subset of its
         tensors: the missing outputs, the program inputs they read that no kernel reads yet, and
-        one output of each kernel nothing reads yet; nothing when a later kernel may be free (a
+        the kernel outputs nothing reads yet; nothing when a later kernel may be free (a
         view of a computed tensor can be an output, or what an input or a kernel's output feeds)."""
         if self._free_kernels:
             return lambda subset: 0.0
@@ -678,14 +748,13 @@ class KernelSearch:
         written = sum(self._output_bytes[i] for i in self._missing(s))
 
         def owed(subset: tuple[int, ...]) -> float:
-            return written + sum(self._bytes(s.tensors[i]) for i in unread if i not in subset) + sum(
-                min(self._bytes(s.tensors[i]) for i in produced) for produced in unused if not produced & set(subset))
+            return written + sum(self._bytes(s.tensors[i]) for i in (*unread, *unused) if i not in subset)
 
         return owed
 
-    def _left_to_read(self, s: KState) -> tuple[list[int], list[set[int]]]:
+    def _left_to_read(self, s: KState) -> tuple[list[int], list[int]]:
         """What the kernels after `s` must read: the program inputs the missing outputs need that
-        no kernel reads yet, and one output of each kernel whose outputs nothing reads (`_unused`)."""
+        no kernel reads yet, and the kernel outputs nothing reads yet (`_unused`)."""
         read = {i for k in s.kernels for i in k.tensor_inputs}
         needed = self._inputs_of(self._missing(s))
         unread = [n for n, t in enumerate(s.tensors[:len(self.program.inputs)]) if t.id in needed and t.id not in read]
@@ -728,7 +797,7 @@ class KernelSearch:
         for op in self.space.library_ops:
             arity = ops.OPS[op].arity
             for args in _tuples(usable, arity):
-                if any(not unread & set(args) for unread in unused) or not self._reads_inputs(args, rereads):
+                if not set(unused) <= set(args) or not self._reads_inputs(args, rereads):
                     continue
                 if final and op not in costmodel.FREE_OPS and self._too_slow(s, floor_s, args):
                     self.pruned += 1
@@ -772,7 +841,7 @@ class KernelSearch:
             for subset in combinations(indices, size):
                 if (only is not None and subset != only) or not self._reads_inputs(subset, rereads):
                     continue
-                if any(not unread & set(subset) for unread in unused):
+                if not set(unused) <= set(subset):
                     continue
                 if final and not needed <= set().union(*(s.tensors[i].leaves for i in subset)):
                     continue  # the last kernel must see every program input its outputs read

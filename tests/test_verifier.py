@@ -612,3 +612,38 @@ def test_verify_command_line(tmp_path):
 
 def test_targets_are_known():
     assert set(TARGETS) == {"h100", "h200", "a100"}
+
+
+def _class_of(oracle, values, name: str) -> str:
+    cls = oracle.class_of(values[name][0])
+    assert cls is not None
+    return cls
+
+
+def test_reach_holds_what_a_kernel_can_compute_from_what_it_reads():
+    """Attention: from Q and K a kernel can compute exp(Q K), spanning batch, query and key dims;
+    the output needs V too, and from Q and V alone it is out of reach. A sum over a computed
+    X + Y lands where the builder's simplification puts it (sum X + sum Y), though no e-node
+    sums X + Y, spanning the dims of X + Y but the one it reduces."""
+    program = workloads.resolve("gqa:ci")
+    oracle = Oracle(program)
+    values = abstract_program(program)
+    q, k, v = (_class_of(oracle, values, n) for n in ("Q", "K", "V"))
+    dims = {n: frozenset(values[n][1]) - {-1} for n in ("Q", "K", "V")}
+    out = oracle.output_class(0)
+    both = oracle.reach.of({q: dims["Q"], k: dims["K"]})
+    e = next(n.id for n in program.topological() if n.op == "exp")
+    assert both[_class_of(oracle, values, e)] == frozenset(values[e][1]) - {-1} and len(both[_class_of(
+        oracle, values, e)]) == 3
+    assert out not in both and out not in oracle.reach.of({q: dims["Q"], v: dims["V"]})
+    assert out in oracle.reach.of({q: dims["Q"], k: dims["K"], v: dims["V"]})
+
+    p = Program("sums")
+    x, y = p.input("X", (4, 8)), p.input("Y", (4, 8))
+    p.output(p.op("add", x, y, name="S"), p.op("add", p.sum(x, -1), p.sum(y, -1), name="T"))
+    oracle, values = Oracle(p), abstract_program(p)
+    s, t_ = _class_of(oracle, values, "S"), _class_of(oracle, values, "T")
+    assert not any(key[0] == "sum" and key[1] == s for key in oracle._nodes)  # no e-node sums X + Y
+    reach = oracle.reach.of({s: frozenset(values["S"][1])})
+    assert reach[t_] == frozenset(values["T"][1]) and len(values["S"][1]) == 2 and len(reach[t_]) == 1
+    assert t_ not in oracle.reach.of({_class_of(oracle, values, "X"): frozenset(values["X"][1])})

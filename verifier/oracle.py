@@ -29,6 +29,7 @@ import json
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 from egglog import EGraph, Expr, StringLike, birewrite, i64, i64Like, ne, rewrite, ruleset, vars_
@@ -36,6 +37,7 @@ from egglog import EGraph, Expr, StringLike, birewrite, i64, i64Like, ne, rewrit
 from superopt.dimclasses import NO_CLASS, input_classes
 from superopt.primitives import Algebra, apply
 from superopt.program import Program
+from superopt.verifier.reach import Reach
 
 AE = tuple[Any, ...]  # ("inp", name) | ("c",) | ("k", factor) | ("sum" | "max", dim class, x) | (op, *children)
 AV = tuple[AE, tuple[int, ...]]  # an abstract value: expression, and the dim class of each dim
@@ -299,6 +301,15 @@ class Oracle:
         found = None if None in key else self._nodes.get(key)
         self._classes[e] = found
         return found
+
+    def output_class(self, output: int) -> str | None:
+        """The e-class of program output `output`."""
+        return self._targets[output]
+
+    @cached_property
+    def reach(self) -> Reach:
+        """What a kernel can compute from the values it reads (`Reach`), on this e-graph."""
+        return Reach(self._nodes)
 
     def is_output(self, e: AE) -> bool:
         """Is e equal (under the axioms) to some program output's abstract expression?"""
