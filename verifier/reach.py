@@ -22,8 +22,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from superopt.object_cache import BoundedDict
+
 Dims = frozenset[int]
 REDUCTIONS = ("sum", "max")
+CLOSURES = 1 << 14  # closures kept (a long search asks of many sets of inputs)
 
 
 class Reach:
@@ -46,7 +49,7 @@ class Reach:
                 self._rules.append((cls, key[1:], None))
         self._const = self._nodes.get(("c",))
         self._edges = self._simplifications()
-        self._memo: dict[frozenset[tuple[str, Dims]], dict[str, Dims]] = {}
+        self._memo: BoundedDict[frozenset[tuple[str, Dims]], dict[str, Dims]] = BoundedDict(CLOSURES)
 
     def of(self, start: Mapping[str, Dims]) -> Mapping[str, Dims]:
         """Every e-class a kernel reading values of these classes (each spanning these dims) can
