@@ -27,7 +27,7 @@ from sqlalchemy.orm import Session, joinedload
 import superopt
 from superopt.config import SearchConfig
 from superopt.db.engine import Database
-from superopt.db.errors import CacheIntegrityWarning, NotFound
+from superopt.db.errors import CacheIntegrityWarning, NotFound, stored_id
 from superopt.db.keys import CacheKey, signature
 from superopt.db.models import Candidate, Job, JobState, Target, Winner, Workload, utcnow
 from superopt.program import Program, ProgramError
@@ -79,7 +79,7 @@ class KernelCache:
 
     def lookup(self, program: Program, target_fingerprint: str, config: SearchConfig | None = None) -> Result | None:
         hit = self.hit(CacheKey.of(program, target_fingerprint, config))
-        return hit.result if hit else None
+        return hit.result.bound_to(program) if hit else None
 
     def hit(self, key: CacheKey) -> Hit | None:
         with self.db.read() as s:
@@ -115,7 +115,8 @@ class KernelCache:
     def kernel(self, kernel_id: int) -> dict[str, Any]:
         """One stored candidate with its sGraph, parameters, CUDA source, verdict and times."""
         with self.db.read() as s:
-            c = s.get(Candidate, kernel_id, options=[joinedload(Candidate.target), joinedload(Candidate.job)])
+            c = s.get(Candidate, stored_id("kernel", kernel_id),
+                      options=[joinedload(Candidate.target), joinedload(Candidate.job)])
             if c is None:
                 raise NotFound(f"no kernel {kernel_id}")
             if _digest(c.data) != c.digest:
@@ -136,7 +137,8 @@ class KernelCache:
     def report(self, kernel_id: int) -> dict[str, Any]:
         """The full Result report of the winner whose kernel this is (what `cache export` writes)."""
         with self.db.read() as s:
-            w = s.scalars(_entries_query().where(Winner.candidate_id == kernel_id)).unique().first()
+            q = _entries_query().where(Winner.candidate_id == stored_id("kernel", kernel_id))
+            w = s.scalars(q).unique().first()
             if w is None:
                 raise NotFound(f"kernel {kernel_id} is not a cached winner")
             hit = _load(s, w)

@@ -145,7 +145,7 @@ def open_database(url: str | None = None) -> Database:
         raise StoreError(f"cannot open database {shown(resolved)}: {e.strerror or e}") from None
     try:
         upgrade(db)
-    except exc.OperationalError as e:
+    except exc.DatabaseError as e:  # unreachable, refused, or not a database at all
         db.close()
         reason = str(e.orig).strip().splitlines()[0] if e.orig else str(e)
         raise StoreError(f"cannot open database {shown(resolved)}: {reason}") from None

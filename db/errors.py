@@ -29,3 +29,10 @@ class RequestError(ValueError):
 
 class CacheIntegrityWarning(UserWarning):
     """A stored entry failed its check on load (program re-hash or row digest); it was treated as a miss."""
+
+
+def stored_id(kind: str, value: int) -> int:
+    """A row id as asked for, or NotFound when no row can have it (ids are positive 64-bit)."""
+    if not 0 < value < 2**63:
+        raise NotFound(f"no {kind} {value}")
+    return value

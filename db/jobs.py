@@ -22,10 +22,11 @@ from typing import Any
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session, joinedload
 
+from superopt.canonical import input_names
 from superopt.config import SearchConfig
 from superopt.db.cache import Hit, hit_in, progress_of, store_in, workload_in
 from superopt.db.engine import Database
-from superopt.db.errors import Conflict, NotFound
+from superopt.db.errors import Conflict, NotFound, stored_id
 from superopt.db.keys import CacheKey
 from superopt.db.models import Job, JobState, utcnow
 from superopt.program import Program
@@ -248,7 +249,7 @@ def _owned(s: Session, claim: Claim) -> Job | None:
 
 
 def _job(s: Session, job_id: int, lock: bool = False) -> Job:
-    q = select(Job).where(Job.id == job_id).options(joinedload(Job.workload))
+    q = select(Job).where(Job.id == stored_id("job", job_id)).options(joinedload(Job.workload))
     job = s.scalars(q.with_for_update(of=Job) if lock else q).first()
     if job is None:
         raise NotFound(f"no job {job_id}")
@@ -256,9 +257,12 @@ def _job(s: Session, job_id: int, lock: bool = False) -> Job:
 
 
 def _answer(job: Job, hit: Hit) -> None:
+    """The job answered by a cache hit; `input_names` maps the cached kernel's input names to the
+    job program's where they differ (one canonical hash, other names)."""
     now = utcnow()
     job.cache_hit = True
-    job.result = hit.summary
+    names = input_names(hit.result.program, Program.from_json(json.loads(job.program_json)))
+    job.result = {**hit.summary, **({"input_names": names} if names else {})}
     job.progress = {"phase": "cache hit"}
     job.started_at = job.started_at or now
     _end(job, JobState.succeeded)

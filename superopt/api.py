@@ -87,6 +87,8 @@ def optimize(
         if not force:
             hit = kernel_cache.lookup(program, choice.fingerprint, config)
             if hit is not None:
+                if hit.best.cuda is None:  # bound to this program's input names
+                    _attach_cuda(hit.best, choice.target)
                 return hit
     _check_defined(program)
     outcome = _verified_sgraphs(program, choice, config, budget_s, max_states, progress, reuse, workers, ray_address)

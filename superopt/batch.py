@@ -40,8 +40,17 @@ def read_batch(path: Path, defaults: dict[str, Any] | None = None) -> list[Batch
     `defaults` fill the options a line leaves out (the command line's --target, --budget-s)."""
     if not path.is_file():
         raise RequestError(str(path), "no such file")
+    if defaults:  # the command line's options, named as such (not as some line's fields)
+        try:
+            parse_request({"program": "", **defaults})
+        except RequestError as e:
+            raise RequestError(f"--{e.field.replace('_', '-')}", e.message) from None
+    try:
+        text = path.read_text(encoding="utf-8-sig")  # a byte-order mark is not part of line 1
+    except UnicodeDecodeError as e:
+        raise RequestError(str(path), f"not UTF-8 text ({e.reason} at byte {e.start})") from None
     entries = []
-    for n, raw in enumerate(path.read_text().splitlines(), start=1):
+    for n, raw in enumerate(text.splitlines(), start=1):
         text = raw.strip()
         if not text or text.startswith("#"):
             continue

@@ -68,3 +68,9 @@ def canonical_hash(program: Program) -> str:
 def canonical_inputs(program: Program) -> list[str]:
     """Input ids in canonical order: how a stored kernel binds to a program's named inputs."""
     return [nid for nid in canonical_order(program) if program.nodes[nid].op == "input"]
+
+
+def input_names(stored: Program, asking: Program) -> dict[str, str]:
+    """For two programs of one canonical hash: each input name of `stored` whose input `asking`
+    names otherwise, mapped to that name (how a kernel cached for one binds to the other)."""
+    return {old: new for old, new in zip(canonical_inputs(stored), canonical_inputs(asking), strict=True) if old != new}

@@ -24,6 +24,7 @@ from superopt.render import render_program, render_sgraph
 from superopt.search.space import UnsupportedProgram
 from superopt.sgraph import SGraphError, check_matches
 from superopt.sizes import SizeError
+from superopt.targets import TargetError
 from superopt.targets import target as get_target
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__)
@@ -34,7 +35,7 @@ err = Console(stderr=True, highlight=False, soft_wrap=True, width=_WIDTH)
 
 USER_ERRORS: tuple[type[Exception], ...] = (
     ProgramError, SGraphError, InstantiationError, LoadError, OpError, SizeError, StoreError, RequestError,
-    NoCandidate, UnsupportedProgram,
+    NoCandidate, UnsupportedProgram, TargetError,
 )
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -121,7 +122,7 @@ def run(
     sgraph: Annotated[str, typer.Option(help="sGraph JSON file, or 'reference' / 'baseline'")] = "reference",
     params: Annotated[str, typer.Option(help="symbol values, e.g. gx=8,F=4")] = "",
     target: Annotated[str, typer.Option(help="target whose limits the parameters must meet")] = "h100",
-    seed: Annotated[int, typer.Option(help="seed of the random inputs")] = 0,
+    seed: Annotated[int, typer.Option(min=0, max=2**32 - 1, help="seed of the random inputs")] = 0,
     as_json: Annotated[bool, typer.Option("--json")] = False,
 ) -> None:
     """Run an sGraph in the interpreter; print its max relative error against the float64 reference."""
@@ -195,16 +196,19 @@ def optimize(
     force: Annotated[bool, typer.Option(help="search even when the kernel cache has an answer")] = False,
     no_cache: Annotated[bool, typer.Option("--no-cache", help="neither read nor write the kernel cache")] = False,
     db: Annotated[str | None, typer.Option(help="database URL (default: SUPEROPT_DB_URL or the SQLite cache)")] = None,
-    workers: Annotated[int | None, typer.Option(help="Ray workers (default: in-process)")] = None,
+    workers: Annotated[int | None, typer.Option(min=1, help="Ray workers (default: in-process)")] = None,
     ray_address: Annotated[str | None, typer.Option(help="join a running Ray cluster")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print the JSON report")] = False,
 ) -> None:
     """Find, prove and time the fastest fused schedule of a program."""
     from superopt.api import optimize as run_optimize
-    from superopt.config import SearchConfig
+    from superopt.jobspec import parse_request
 
     program = load_program(spec)
-    config = SearchConfig(max_kernel_ops, max_block_ops, 3, max_block_inputs, concrete)
+    bounds = {"max_kernel_ops": max_kernel_ops, "max_block_ops": max_block_ops, "max_block_inputs": max_block_inputs,
+              "concrete": concrete}  # checked as a job request's are
+    config = parse_request({"program": spec, "target": target, "budget_s": budget_s, "max_states": max_states,
+                            "config": bounds}).search_config()
     with _progress_line(quiet=False) as progress:
         result = run_optimize(program, target=target, budget_s=budget_s, max_states=max_states, config=config,
                               force=force, cache=not no_cache, db=db, progress=progress, workers=workers,
@@ -464,7 +468,7 @@ def cache_export(
     if out_file is None:
         emit_json(report)
     else:
-        out_file.write_text(json.dumps(report, indent=2) + "\n")
+        _write(out_file, json.dumps(report, indent=2) + "\n")
         err.print(f"wrote {out_file}", markup=False)
 
 
@@ -492,7 +496,7 @@ def cache_invalidate(
 def batch(
     file: Annotated[Path, typer.Argument(help="JSON-lines file: one program, built-in name or job request a line")],
     local: Annotated[bool, typer.Option(help="run the jobs in this process instead of through workers")] = False,
-    workers: Annotated[int | None, typer.Option(help="run the jobs on Ray with this many workers")] = None,
+    workers: Annotated[int | None, typer.Option(min=1, help="run the jobs on Ray with this many workers")] = None,
     ray_address: Annotated[str | None, typer.Option(help="run the jobs on this Ray cluster")] = None,
     target: Annotated[str | None, typer.Option(help="target of lines that name none [default: auto]")] = None,
     budget_s: Annotated[float | None, typer.Option(help="search budget of lines that name none")] = None,
@@ -567,7 +571,7 @@ def worker(
     db: DbOption = None,
     once: Annotated[bool, typer.Option(help="exit when the queue is empty instead of waiting for jobs")] = False,
     ray_address: Annotated[str | None, typer.Option(help="Ray cluster to search on (passed to the optimizer)")] = None,
-    workers: Annotated[int | None, typer.Option(help="Ray workers for each job's search")] = None,
+    workers: Annotated[int | None, typer.Option(min=1, help="Ray workers for each job's search")] = None,
     lease_s: Annotated[float, typer.Option(min=1.0, help="seconds a job stays ours without a heartbeat")] = 60.0,
     poll_s: Annotated[float, typer.Option(min=0.01, help="seconds between looks at an empty queue")] = 1.0,
     optimizer: OptimizerOption = None,
@@ -617,10 +621,7 @@ def export(
     from superopt.costmodel import best_params, estimate
 
     program = load_program(spec)
-    try:
-        tgt = get_target(target)
-    except ValueError as e:
-        raise LoadError(str(e)) from None
+    tgt = get_target(target)
     if sgraph is None:
         if params:
             raise LoadError("--params needs --sgraph (without it, the optimizer chooses the schedule)")
@@ -636,11 +637,19 @@ def export(
         except ValueError as e:
             raise InstantiationError(str(e)) from None
     inst = instantiate(sg, values, tgt)
+    if sgraph is not None:  # the optimizer returns proved schedules only; so does export
+        from superopt.verifier.verify import verify as run_verify
+
+        verdict = run_verify(program, sg, target=tgt, params=values)
+        if not verdict.proved:
+            err.print(f"error: {sg.name} is not proved equal to {program.name} (e-graph {verdict.egraph}, float max "
+                      f"rel err {verdict.float_max_rel_err:.2e}); nothing written", markup=False)
+            raise typer.Exit(1)
     try:
         prog = generate(inst)
     except CodegenError as e:
         raise LoadError(f"cannot generate CUDA for {sg.name}: {e}") from None
-    cuda.write_text(prog.source)
+    _write(cuda, prog.source)
     if as_json:
         emit_json({
             "program": program.name, "hash": program.canonical_hash(), "sgraph": sg.name, "params": values,
@@ -651,6 +660,14 @@ def export(
     out.print(f"wrote {cuda}: {sg.name} {inst.params_text() or '(no params)'} for {tgt.name}", markup=False)
     for line in describe_steps(prog):
         out.print(f"  {line}", markup=False)
+
+def _write(path: Path, text: str) -> None:
+    """Write a file the user named; a path that cannot be written is a user error."""
+    try:
+        path.write_text(text)
+    except OSError as e:
+        raise LoadError(f"cannot write {path}: {e.strerror or e}") from None
+
 
 def _tolerance(program: Program) -> float:
     from superopt.dtypes import dtype

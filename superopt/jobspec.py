@@ -24,6 +24,7 @@ from superopt.program import Program, ProgramError
 from superopt.targets import TARGETS
 
 _DEFAULT = SearchConfig()
+MAX_STATES = 10**12  # far beyond any budget that ends, within what every database stores
 _STRICT = ConfigDict(extra="forbid", strict=True)
 
 
@@ -47,8 +48,9 @@ class JobRequest(BaseModel):
     model_config = _STRICT
     program: Any = Field(description="program JSON (superopt.program/1) or a built-in workload name")
     target: str = Field("auto", description=f"auto, or one of {', '.join(TARGETS)}")
-    budget_s: float | None = Field(None, gt=0, le=7 * 24 * 3600, description="search time budget in seconds")
-    max_states: int | None = Field(None, gt=0, description="search state budget")
+    budget_s: float | None = Field(None, gt=0, le=7 * 24 * 3600, allow_inf_nan=False,
+                                   description="search time budget in seconds")
+    max_states: int | None = Field(None, gt=0, le=MAX_STATES, description="search state budget")
     force: bool = Field(False, description="search even when the cache has the answer")
     config: ConfigSpec | None = None
 

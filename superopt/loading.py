@@ -52,7 +52,8 @@ def load_sgraph(spec: str, program: Program, program_spec: str) -> SGraph:
         return unfused_baseline(program)
     if spec == "reference":
         if not workloads.is_builtin(program_spec):
-            raise LoadError("--sgraph reference needs a built-in workload")
+            raise LoadError(f"the 'reference' sGraph is the hand-written one of a built-in workload; {program_spec!r} "
+                            "is a program file (give an sGraph JSON file, or 'baseline')")
         return workloads.split_name(program_spec)[0].reference(program)
     data = read_json(spec)
     try:

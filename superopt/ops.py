@@ -8,6 +8,7 @@ ops of graph-defined kernels, so a shape rule is written once. Shapes are tuples
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -171,7 +172,8 @@ def _check_attr(op: str, name: str, kind: str, v: Any) -> Any:
     elif kind == "bool":
         ok = isinstance(v, bool)
     elif kind == "float":
-        ok = isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+        real = isinstance(v, int | float) and not isinstance(v, bool)
+        ok = real and abs(v) <= sys.float_info.max and math.isfinite(v)  # huge ints overflow float()
     elif kind in ("perm", "shape"):
         ok = isinstance(v, list | tuple) and all(isinstance(i, int) and not isinstance(i, bool) for i in v)
     else:

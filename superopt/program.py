@@ -24,6 +24,8 @@ from superopt.ops import OpError
 from superopt.sizes import Size
 
 SCHEMA = "superopt.program/1"
+MAX_NODES = 128  # a search space grows exponentially with the program; larger ones are split
+MAX_ELEMENTS = 2**31 - 1  # per tensor: generated kernels index with 32-bit integers
 
 
 class ProgramError(ValueError):
@@ -165,6 +167,14 @@ class Program:
             if n.id not in live:
                 kind = "input" if n.op == "input" else "node"
                 raise ProgramError(f"{kind} {n.id!r} ({n.op}) is not used by any output")
+        if len(self.nodes) > MAX_NODES:
+            raise ProgramError(f"program {self.name!r} has {len(self.nodes)} nodes; at most {MAX_NODES} are searched "
+                               "(split it into smaller programs)")
+        first = next(iter(self.inputs), None)
+        other = next((n for n in self.inputs if first and n.dtype != first.dtype), None)
+        if first and other:
+            raise ProgramError(f"inputs mix dtypes: {first.id!r} is {first.dtype}, {other.id!r} is {other.dtype} "
+                               "(a program, like its kernels, has one dtype)")
         return self
 
     def _live(self) -> set[str]:
@@ -294,12 +304,12 @@ def _make_node(nid: Any, op: Any, inputs: tuple[str, ...], attrs: dict[str, Any]
             if d <= 0:
                 raise ProgramError(f"{where}: dimension {d} is not positive")
         dt = attrs.get("dtype")
-        if dt not in DTYPES:
+        if not isinstance(dt, str) or dt not in DTYPES:
             raise ProgramError(f"{where}: unknown dtype {dt!r} (expected one of {', '.join(DTYPES)})")
         extra = set(attrs) - {"shape", "dtype"}
         if extra:
             raise ProgramError(f"{where}: unexpected field {sorted(extra)[0]!r}")
-        return Node(nid, op, (), {}, tuple(shape), dt)
+        return _sized(Node(nid, op, (), {}, tuple(shape), dt), where)
     spec = ops.OPS[op]
     if len(inputs) != spec.arity:
         raise ProgramError(f"{where}: takes {spec.arity} operand(s), got {len(inputs)}")
@@ -320,7 +330,15 @@ def _make_node(nid: Any, op: Any, inputs: tuple[str, ...], attrs: dict[str, Any]
     dt = dtypes.pop() if dtypes else None
     if op != "const" and dt is None:
         raise ProgramError(f"{where}: needs at least one tensor operand (all operands are constants)")
-    return Node(nid, op, inputs, full, tuple(int(s.int_value()) for s in shape_s), dt)
+    return _sized(Node(nid, op, inputs, full, tuple(int(s.int_value()) for s in shape_s), dt), where)
+
+
+def _sized(node: Node, where: str) -> Node:
+    """`node`, unless it has more elements than generated kernels can index."""
+    if math.prod(node.shape) > MAX_ELEMENTS:
+        raise ProgramError(f"{where}: shape {list(node.shape)} has {math.prod(node.shape):,} elements; at most "
+                           f"{MAX_ELEMENTS:,} (generated kernels index tensors with 32-bit integers)")
+    return node
 
 
 def _load(data: Any) -> Program:
@@ -366,7 +384,7 @@ def _load(data: Any) -> Program:
             attrs = {"shape": e.get("shape"), "dtype": e.get("dtype")}
         node = _make_node(nid, e.get("op"), tuple(e.get("inputs", [])), attrs, p.nodes)
         if e.get("op") != "input":
-            if e.get("shape") is not None and list(e["shape"]) != list(node.shape):
+            if e.get("shape") is not None and (not isinstance(e["shape"], list) or e["shape"] != list(node.shape)):
                 raise ProgramError(f"node {nid!r}: declared shape {e['shape']} but the op gives {list(node.shape)}")
             if e.get("dtype") is not None and e["dtype"] != node.dtype:
                 raise ProgramError(f"node {nid!r}: declared dtype {e['dtype']!r} but the op gives {node.dtype!r}")

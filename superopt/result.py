@@ -8,12 +8,13 @@ them) and the front ends (which print them). `Result.report()` is the JSON docum
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
+from superopt.canonical import input_names
 from superopt.costmodel import FREE_OPS
 from superopt.program import Program
-from superopt.sgraph import GraphKernel, SGraph
+from superopt.sgraph import GraphKernel, SGraph, renamed
 
 
 @dataclass
@@ -75,6 +76,15 @@ class Verdict:
 
 def _finite(x: float) -> float | None:
     return x if math.isfinite(x) else None
+
+
+def _fresh(name: str, taken: set[str]) -> str:
+    """`name` with the first numeric suffix that makes it unused (added to `taken`)."""
+    n = 1
+    while f"{name}_{n}" in taken:
+        n += 1
+    taken.add(f"{name}_{n}")
+    return f"{name}_{n}"
 
 
 @dataclass
@@ -170,13 +180,35 @@ class Result:
 
     @property
     def speedup(self) -> float:
-        return self.baseline.time_us / self.best.time_us if self.best.time_us > 0 else math.inf
+        """Baseline over best time; 1 when both are free (a program of views only)."""
+        if self.best.time_us > 0:
+            return self.baseline.time_us / self.best.time_us
+        return 1.0 if self.baseline.time_us <= 0 else math.inf
+
+    def bound_to(self, program: Program) -> Result:
+        """This result answering `program`, which has the same canonical hash (a cache hit): its
+        sGraphs read `program`'s input names (matched in canonical order; a kernel's tensor that
+        would clash with one is renamed too). CUDA generated for other names is dropped."""
+        names = input_names(self.program, program)
+        renamed_candidates: dict[int, Candidate] = {}
+
+        def bind(c: Candidate) -> Candidate:
+            if id(c) not in renamed_candidates:
+                inputs = {names.get(d.id, d.id) for d in c.sgraph.inputs}
+                taken = inputs | {t for k in c.sgraph.kernels for t in k.outputs}
+                clashes = {t: _fresh(t, taken) for k in c.sgraph.kernels for t in k.outputs if t in inputs}
+                sg = renamed(c.sgraph, {**names, **clashes})
+                renamed_candidates[id(c)] = replace(c, sgraph=sg, cuda=None, launch=[]) if sg != c.sgraph else c
+            return renamed_candidates[id(c)]
+
+        return replace(self, program=program, best=bind(self.best), baseline=bind(self.baseline),
+                       candidates=[bind(c) for c in self.candidates])
 
     def report(self) -> dict[str, Any]:
         best = self.best.to_json()
         best.update({
             "baseline_time_us": self.baseline.time_us,
-            "speedup": self.speedup,
+            "speedup": _finite(self.speedup),
             "floor_dram_bytes": self.floor_dram_bytes,
             "floor_time_us": self.floor_time_us,
         })

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Any, Literal
 
@@ -708,6 +708,25 @@ def check_matches(sg: SGraph, program: Any) -> None:
                 f"sGraph output {o!r} has shape {ops.fmt_shape(sg.info.shapes[o])}, "
                 f"the program's output {po!r} has {ops.fmt_shape(want)}"
             )
+
+
+def renamed(sg: SGraph, names: Mapping[str, str], name: str | None = None) -> SGraph:
+    """The same sGraph with tensors renamed (`names`: old id -> new id, the others kept): a cached
+    kernel bound to the names of another program with the same canonical hash."""
+    def tensor(t: str) -> str:
+        return names.get(t, t)
+
+    kernels: list[Kernel] = []
+    for k in sg.kernels:
+        if isinstance(k, LibraryKernel):
+            kernels.append(replace(k, inputs=tuple(map(tensor, k.inputs)), output=tensor(k.output)))
+        else:
+            b = k.block
+            block = replace(b, inputs=tuple(replace(i, tensor=tensor(i.tensor)) for i in b.inputs),
+                            outputs=tuple(replace(o, tensor=tensor(o.tensor)) for o in b.outputs))
+            kernels.append(replace(k, block=block))
+    inputs = tuple(replace(d, id=tensor(d.id)) for d in sg.inputs)
+    return SGraph(inputs, tuple(kernels), tuple(map(tensor, sg.outputs)), name or sg.name)
 
 
 def rebind(sg: SGraph, inputs: Sequence[TensorDecl], name: str | None = None) -> SGraph:

@@ -9,10 +9,14 @@ a program that reshapes is not shrunk (a reshape ties dims in ways the classes d
 
 from __future__ import annotations
 
+import math
+
 from superopt.assignments import divisors
 from superopt.dimclasses import NO_CLASS, dim_classes
-from superopt.program import Program, Tensor
+from superopt.program import Program, ProgramError, Tensor
 from superopt.sgraph import SGraph, TensorDecl, rebind
+
+MAX_CHECKED_ELEMENTS = 2**26  # per tensor of a program evaluated by a check (float64: 512 MiB)
 
 
 def shrink(program: Program, cap: int = 32) -> Program:
@@ -32,7 +36,7 @@ def shrink(program: Program, cap: int = 32) -> Program:
         for n in program.inputs
     }
     if all(shapes[n.id] == n.shape for n in program.inputs):
-        return program
+        return _checkable(program)
     out = Program(program.name)
     for n in program.topological():
         if n.op == "input":
@@ -40,7 +44,18 @@ def shrink(program: Program, cap: int = 32) -> Program:
         else:
             out.op(n.op, *(Tensor(out, i) for i in n.inputs), name=n.id, **dict(n.attrs))
     out.outputs = list(program.outputs)
-    return out.validate()
+    return _checkable(out.validate())
+
+
+def _checkable(small: Program) -> Program:
+    """`small`, unless evaluating it (in float64, as the checks do) would take too much memory: a
+    dim with no divisor up to the cap (a large prime) keeps its full size."""
+    big = max(small.nodes.values(), key=lambda n: math.prod(n.shape))
+    if math.prod(big.shape) > MAX_CHECKED_ELEMENTS:
+        raise ProgramError(f"node {big.id!r} ({big.op}): checking the program needs it at shape {list(big.shape)} "
+                           f"(a dim with no small divisor, or a reshape, keeps its size), over the "
+                           f"{MAX_CHECKED_ELEMENTS:,} elements a check evaluates")
+    return small
 
 
 def shrink_sgraph(sg: SGraph, small: Program) -> SGraph:

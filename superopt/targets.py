@@ -48,11 +48,15 @@ TARGETS: dict[str, Target] = {
 }
 
 
+class TargetError(ValueError):
+    """A target name that is not one of TARGETS."""
+
+
 def target(name: str) -> Target:
     try:
         return TARGETS[name.lower()]
     except KeyError:
-        raise ValueError(f"unknown target {name!r}; expected one of {', '.join(TARGETS)} or 'auto'") from None
+        raise TargetError(f"unknown target {name!r}; expected one of {', '.join(TARGETS)} or 'auto'") from None
 
 
 def fingerprint(t: Target) -> str:

@@ -11,6 +11,7 @@ from sqlalchemy import func, select
 from typer.testing import CliRunner
 
 from superopt import workloads
+from superopt.batch import read_batch
 from superopt.cli import app
 from superopt.db.engine import open_database
 from superopt.db.models import Candidate, Job, Winner
@@ -97,6 +98,7 @@ def test_a_bad_line_is_named_and_nothing_is_queued(tmp_path):
         json.dumps({"program": "missing.json"}): "line 3: program: 'missing.json' is neither a built-in workload",
         "{not json": "line 3: not valid JSON",
         "nope:ci": "line 3: program: 'nope:ci' is neither a built-in workload",
+        json.dumps({"program": "lora:ci", "max_states": 10**20}): "line 3: max_states: Input should be less than",
     }
     for bad, message in cases.items():
         f.write_text(f"gqa:ci\nlora:ci\n{bad}\nntrans:ci\n")
@@ -107,4 +109,13 @@ def test_a_bad_line_is_named_and_nothing_is_queued(tmp_path):
     assert res.exit_code == 2 and "holds no job" in res.stderr
     res = runner.invoke(app, ["batch", str(tmp_path / "none.jsonl"), "--db", db])
     assert res.exit_code == 2 and "no such file" in res.stderr
+    f.write_bytes("gqa:ci\n# caf\u00e9\n".encode("latin-1"))
+    res = runner.invoke(app, ["batch", str(f), "--db", db])
+    assert res.exit_code == 2 and "not UTF-8 text (invalid continuation byte at byte 12)" in res.stderr
+    for option, value, message in (("--target", "tpu", "--target: unknown target 'tpu'"),
+                                   ("--budget-s", "-1", "--budget-s: Input should be greater than 0")):
+        res = runner.invoke(app, ["batch", str(f), option, value, "--db", db])
+        assert res.exit_code == 2 and message in res.stderr, res.output  # the option, not a line, is wrong
+    f.write_text("\ufeffgqa:ci\n", encoding="utf-8")  # a byte-order mark, as some editors write
+    assert [e.program.name for e in read_batch(f)] == ["gqa:ci"]
     assert not (tmp_path / "superopt.db").exists()  # nothing was even opened

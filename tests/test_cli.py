@@ -8,6 +8,7 @@ from typer.testing import CliRunner
 
 from superopt import workloads
 from superopt.cli import app
+from superopt.program import Program
 
 runner = CliRunner()
 
@@ -100,3 +101,85 @@ def test_unknown_workload_is_one_clear_error():
     assert res.exit_code == 2 and "neither a built-in workload" in res.stderr
     res = invoke("show", "gqa:huge")
     assert res.exit_code == 2 and "has no shape 'huge'" in res.stderr
+
+
+def test_unknown_target_is_one_clear_error_in_every_command(tmp_path):
+    for args in (("run", "rmsnorm_matmul:ci"), ("verify", "rmsnorm_matmul:ci", "reference"),
+                 ("optimize", "rmsnorm_matmul:ci", "--no-cache"),
+                 ("export", "rmsnorm_matmul:ci", "--cuda", str(tmp_path / "x.cu"), "--sgraph", "reference")):
+        res = invoke(*args, "--target", "bogus")
+        assert res.exit_code == 2, (args, res.output)
+        assert "unknown target 'bogus'" in res.stderr and "Traceback" not in res.output, args
+
+
+def test_optimize_checks_its_bounds_and_budgets_as_a_job_request_does():
+    cases = [
+        (("--max-kernel-ops", "-3"), "config.max_kernel_ops: Input should be greater than or equal to 1"),
+        (("--max-block-ops", "0"), "config.max_block_ops: Input should be greater than or equal to 1"),
+        (("--max-block-inputs", "0"), "config.max_block_inputs: Input should be greater than or equal to 1"),
+        (("--budget-s", "0"), "budget_s: Input should be greater than 0"),
+        (("--budget-s", "nan"), "budget_s: Input should be a finite number"),
+        (("--budget-s", "inf"), "budget_s: Input should be a finite number"),
+        (("--max-states", "0"), "max_states: Input should be greater than 0"),
+        (("--max-states", "99999999999999999999"), "max_states: Input should be less than or equal to"),
+    ]
+    for args, message in cases:
+        res = invoke("optimize", "rmsnorm_matmul:ci", "--no-cache", *args)
+        assert res.exit_code == 2 and message in res.stderr, (args, res.output)
+    res = invoke("optimize", "rmsnorm_matmul:ci", "--no-cache", "--workers", "0")
+    assert res.exit_code == 2 and "--workers" in res.output
+
+
+def test_export_refuses_an_sgraph_it_cannot_prove_and_writes_nothing(tmp_path):
+    _, ref = workloads.reference_for("gated_mlp:ci")
+    data = ref.to_json()
+    data["kernels"][0]["post"][0]["op"] = "sigmoid"  # no longer the program
+    f = tmp_path / "wrong.json"
+    f.write_text(json.dumps(data))
+    cu = tmp_path / "wrong.cu"
+    res = invoke("export", "gated_mlp:ci", "--cuda", str(cu), "--sgraph", str(f), "--params", "gx=2,F=4")
+    assert res.exit_code == 1 and "is not proved equal to gated_mlp:ci" in res.stderr and "nothing written" in res.stderr
+    assert not cu.exists()
+    res = invoke("export", "gated_mlp:ci", "--cuda", str(cu), "--sgraph", "reference", "--params", "gx=2,F=4")
+    assert res.exit_code == 0 and cu.read_text().startswith("/*")
+
+
+def test_files_that_cannot_be_written_are_one_clear_error(tmp_path):
+    res = invoke("export", "rmsnorm_matmul:ci", "--cuda", str(tmp_path / "none" / "x.cu"), "--sgraph", "reference")
+    assert res.exit_code == 2 and f"cannot write {tmp_path / 'none' / 'x.cu'}: No such file or directory" in res.stderr
+    res = invoke("export", "rmsnorm_matmul:ci", "--cuda", str(tmp_path), "--sgraph", "reference")
+    assert res.exit_code == 2 and f"cannot write {tmp_path}: Is a directory" in res.stderr
+
+
+def test_programs_too_large_to_check_or_index_are_refused_up_front(tmp_path):
+    def program_file(n: int) -> str:
+        p = Program("big")
+        p.output(p.op("exp", p.input("X", (4, 8), "f16"), name="E"))
+        f = tmp_path / f"p{n}.json"
+        f.write_text(p.dumps().replace("8", str(n)))  # past what the builder itself accepts
+        return str(f)
+
+    res = invoke("optimize", program_file(2**31), "--no-cache")
+    assert res.exit_code == 2 and "node 'X' (input): shape [4, 2147483648] has 8,589,934,592 elements" in res.stderr
+    # 16,777,259 is prime: checks would evaluate X at its full 67 million elements.
+    res = invoke("optimize", program_file(16_777_259), "--no-cache")
+    assert res.exit_code == 2
+    assert "node 'X' (input): checking the program needs it at shape [4, 16777259]" in res.stderr
+
+
+def test_a_program_of_views_only_reports_strict_json(tmp_path, monkeypatch):
+    """Its schedules are all free (0 us, like its baseline): the speedup is 1, not 0/0 printed as
+    `Infinity`, which no JSON parser accepts."""
+    monkeypatch.setenv("SUPEROPT_CACHE_DIR", str(tmp_path / "cache"))
+    p = Program("views")
+    p.output(p.op("reshape", p.input("X", (1, 1), "f16"), name="R", shape=[1]))
+    f = tmp_path / "views.json"
+    f.write_text(p.dumps())
+    res = invoke("optimize", str(f), "--target", "h100", "--json")
+    assert res.exit_code == 0, res.output
+
+    def refuse(constant: str) -> None:
+        raise AssertionError(f"not JSON: {constant}")
+
+    report = json.loads(res.stdout, parse_constant=refuse)
+    assert report["best"]["time_us"] == report["best"]["baseline_time_us"] == 0 and report["best"]["speedup"] == 1.0

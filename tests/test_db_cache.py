@@ -69,6 +69,42 @@ def _renamed(program: Program) -> Program:
     return Program.from_json(data)
 
 
+def test_a_hit_for_a_program_with_other_names_reads_that_programs_inputs(db):
+    """Names are not part of the key, so a kernel cached for X (4, 64), W (64, 48) answers a
+    program whose inputs are named the other way round, or after the kernel's own tensors: the
+    answer must read the asking program's tensors by its names, or a caller binding by name
+    would swap them."""
+    from superopt.instantiate import instantiate
+    from superopt.interpreter import run_float
+    from superopt.reference import inputs_and_reference, max_rel_err
+    from superopt.sgraph import check_matches
+
+    cache = KernelCache(db)
+    program = workloads.resolve("rmsnorm_matmul:ci")
+    stored = standin_result(program)
+    cache.store(stored)
+    kernel_outputs = {t for k in stored.best.sgraph.kernels for t in k.outputs}
+    clash = sorted(kernel_outputs)[0]
+    for first, second in (("W", "X"), (clash, "X")):
+        asking = Program("asking")
+        a = asking.input(first, (4, 64), "f16")
+        b = asking.input(second, (64, 48), "f16")
+        asking.output(asking.op("matmul", asking.rms_norm(a), b, name="Y"))
+        assert asking.canonical_hash() == program.canonical_hash()
+        hit = cache.lookup(asking, H100)
+        assert hit is not None and hit.program is asking
+        sg = hit.best.sgraph
+        assert {d.id: d.shape for d in sg.inputs} == {first: (4, 64), second: (64, 48)}
+        check_matches(sg, asking)
+        assert hit.best.cuda is None or first in hit.best.cuda  # code for the old names is not kept
+        inputs, refs = inputs_and_reference(asking, seed=3)
+        [out] = run_float(instantiate(sg, hit.best.params, TARGETS["h100"]), inputs)
+        assert max_rel_err(out, refs[0]) < 1e-2
+        assert hit.best.verdict is not None and hit.best.verdict.proved
+    # The stored entry itself is untouched: the original program still gets its own names.
+    assert {d.id for d in cache.lookup(program, H100).best.sgraph.inputs} == {"X", "W"}
+
+
 def _other_dtype(program: Program) -> Program:
     return Program.from_json(json.loads(json.dumps(program.to_json()).replace('"f16"', '"bf16"')))
 

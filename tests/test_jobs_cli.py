@@ -65,10 +65,19 @@ def test_user_errors_are_one_line_and_exit_2(tmp_path):
         (["cache", "show", "42"], "no kernel 42"),
         (["cache", "export", "42"], "kernel 42 is not a cached winner"),
         (["worker", "--once", "--optimizer", "nowhere:optimize"], "optimizer: cannot load 'nowhere:optimize'"),
+        (["status", "99999999999999999999"], "no job 99999999999999999999"),  # past any stored id
+        (["cancel", "99999999999999999999"], "no job 99999999999999999999"),
+        (["cache", "show", "99999999999999999999"], "no kernel 99999999999999999999"),
+        (["submit", "lora:ci", "--max-states", "99999999999999999999"], "max_states: Input should be less than"),
+        (["submit", "lora:ci", "--budget-s", "nan"], "budget_s: Input should be a finite number"),
     ]
     for args, message in cases:
         res = invoke(db, *args)
         assert res.exit_code == 2 and message in res.stderr and "Traceback" not in res.output, (args, res.output)
+    not_a_database = tmp_path / "notes.txt"
+    not_a_database.write_text("plain text, not SQLite\n" * 100)
+    res = runner.invoke(app, ["cache", "ls", "--db", str(not_a_database)])
+    assert res.exit_code == 2 and "cannot open database" in res.stderr and "file is not a database" in res.stderr
     res = runner.invoke(app, ["status", "1", "--db", "mysql://u@h/d"])
     assert res.exit_code == 2 and "unsupported database 'mysql'" in res.stderr
     res = runner.invoke(app, ["status", "1", "--db", "postgresql://u:secret@127.0.0.1:9/d?connect_timeout=2"])

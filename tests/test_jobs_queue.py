@@ -22,6 +22,7 @@ from superopt.db.engine import open_database
 from superopt.db.errors import Conflict, NotFound
 from superopt.db.jobs import JobQueue, JobView
 from superopt.db.models import Candidate, Job, JobState, Winner
+from superopt.program import Program
 from superopt.worker import Worker, resolve_fingerprint
 
 
@@ -130,6 +131,20 @@ def test_cache_hits_at_submit_and_at_claim_and_force(db):
     assert again.state is JobState.queued
     claimed = run_one(worker)
     assert claimed.id == again.id and claimed.cache_hit and claimed.attempts == 1
+    assert "input_names" not in claimed.result  # the same names: nothing to bind
+
+
+def test_a_hit_for_a_program_with_other_input_names_says_how_they_bind(db):
+    """One canonical hash, inputs named the other way round: the job answered from the cache
+    says which of the cached kernel's inputs is which of its own."""
+    queue = JobQueue(db)
+    program = workloads.resolve("rmsnorm_matmul:ci")  # X (4, 64), W (64, 48)
+    queue.submit(program, target="h100")
+    run_one(Worker(db, optimize=optimize))
+    swapped = json.loads(json.dumps(program.to_json()).replace('"X"', '"tmp"').replace('"W"', '"X"')
+                         .replace('"tmp"', '"W"'))
+    hit = queue.submit(Program.from_json(swapped), target="h100")
+    assert hit.cache_hit and hit.result["input_names"] == {"X": "W", "W": "X"}
 
 
 def test_a_failing_search_fails_its_job_and_the_worker_goes_on(db):

@@ -92,6 +92,13 @@ INVALID = [
     ("empty id", lambda d: _node(d, "E").update(id=""), "'id' must be a non-empty string"),
     ("declared shape wrong", lambda d: _node(d, "E").update(shape=[9, 9]), "node 'E': declared shape [9, 9] but the op gives [4, 6]"),
     ("unknown field", lambda d: _node(d, "E").update(color="red"), "node 'E': unexpected field 'color'"),
+    ("dtype not a string", lambda d: _node(d, "X").update(dtype=["f16"]), "node 'X' (input): unknown dtype ['f16']"),
+    ("declared shape not a list", lambda d: _node(d, "E").update(shape=5), "node 'E': declared shape 5 but the op gives [4, 6]"),
+    ("float attribute beyond float", lambda d: d["nodes"].append({"id": "N", "op": "rms_norm", "inputs": ["Y"], "attrs": {"eps": 10**400}}), "attribute 'eps' of rms_norm must be a finite number"),
+    ("too many elements", lambda d: _node(d, "X").update(shape=[4, 2**40]), "node 'X' (input): shape [4, 1099511627776] has 4,398,046,511,104 elements; at most 2,147,483,647"),
+    ("computed tensor too large", lambda d: (_node(d, "X").update(shape=[2**16, 8]), _node(d, "W").update(shape=[8, 2**16])), "node 'Y' (matmul): shape [65536, 65536] has 4,294,967,296 elements"),
+    ("inputs mix dtypes", lambda d: d["nodes"].extend([{"id": "B", "op": "input", "shape": [2], "dtype": "f32"}, {"id": "F", "op": "exp", "inputs": ["B"]}]) or d["outputs"].append("F"), "inputs mix dtypes: 'X' is f16, 'B' is f32"),
+    ("too many nodes", lambda d: d["nodes"].extend({"id": f"n{i}", "op": "neg", "inputs": [f"n{i - 1}" if i else "S"]} for i in range(130)) or d.update(outputs=["n129"]), "program 'base' has 135 nodes; at most 128 are searched"),
 ]
 
 

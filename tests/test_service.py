@@ -133,6 +133,11 @@ BAD = [
     ("cache without hash", "GET", "/cache", {}, 422, "hash", "required"),
     ("cache bad hash", "GET", "/cache", {"params": {"hash": "xyz"}}, 422, "hash", "pattern"),
     ("no such kernel", "GET", "/kernels/777", {}, 404, "id", "no kernel 777"),
+    ("job id past 64 bits", "GET", "/jobs/99999999999999999999", {}, 404, "id", "no job 99999999999999999999"),
+    ("cancel id past 64 bits", "DELETE", "/jobs/99999999999999999999", {}, 404, "id", "no job 99999999999999999999"),
+    ("kernel id past 64 bits", "GET", "/kernels/99999999999999999999", {}, 404, "id", "no kernel 99999999999999999999"),
+    ("states past any budget", "POST", "/jobs", {"json": {"program": "gqa:ci", "max_states": 2**63}}, 422, "max_states", "less than or equal to"),
+    ("dtype a list", "POST", "/jobs", {"json": {"program": _program_with(dtype=["f16"])}}, 422, "program", "unknown dtype ['f16']"),
 ]
 
 
