@@ -21,7 +21,7 @@ an instantiation must satisfy; `superopt.instantiate` assigns the symbols.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Any, Literal
@@ -617,12 +617,40 @@ def _from_json(data: Any) -> SGraph:
         raise SGraphError(f"malformed sGraph JSON: {type(e).__name__}: {e}") from None
 
 
-def _req(obj: Any, key: str, where: str) -> Any:
+_REQUIRED = object()
+
+
+def _is_index(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+# What each kind of field must hold: a test and the words for it.
+_TEXT = (lambda v: isinstance(v, str) and bool(v), "a non-empty string")
+_LIST = (lambda v: isinstance(v, list), "a list")
+_OBJECT = (lambda v: isinstance(v, dict), "an object")
+_TEXTS = (lambda v: isinstance(v, list) and all(isinstance(x, str) and x for x in v), "a list of tensor ids")
+_INDICES = (lambda v: isinstance(v, list) and all(_is_index(x) for x in v), "a list of integers")
+_MAP = (lambda v: isinstance(v, list) and all(x is None or _is_index(x) for x in v), "a list of integers or nulls")
+_INDEX = (lambda v: v is None or _is_index(v), "an integer or null")
+_SIZE = (lambda v: isinstance(v, str | int) and not isinstance(v, bool), "a size (an integer or a symbol expression)")
+
+
+def _req(obj: Any, key: str, where: str, kind: tuple[Callable[[Any], bool], str], default: Any = _REQUIRED) -> Any:
+    """Field `key` of the object at `where`, of this kind (`default` when it may be left out)."""
     if not isinstance(obj, dict):
         raise SGraphError(f"{where} must be an object")
     if key not in obj:
-        raise SGraphError(f"{where}: missing field {key!r}")
+        if default is _REQUIRED:
+            raise SGraphError(f"{where}: missing field {key!r}")
+        return default
+    test, text = kind
+    if not test(obj[key]):
+        raise SGraphError(f"{where}: field {key!r} must be {text}, got {obj[key]!r}")
     return obj[key]
+
+
+def _axis(a: Any, where: str) -> Axis:
+    return Axis(_req(a, "name", where, _TEXT), Size.of(_req(a, "size", where, _SIZE)))
 
 
 def _parse(data: Any) -> SGraph:
@@ -630,55 +658,58 @@ def _parse(data: Any) -> SGraph:
         raise SGraphError("sGraph JSON must be an object")
     if data.get("schema") != SCHEMA:
         raise SGraphError(f"unknown sGraph schema {data.get('schema')!r} (this version reads {SCHEMA!r})")
+    extra = sorted(set(data) - {"schema", "name", "inputs", "kernels", "outputs"})
+    if extra:
+        raise SGraphError(f"unexpected top-level field {extra[0]!r}")
     inputs = tuple(
-        TensorDecl(_req(t, "id", "input"), tuple(_req(t, "shape", "input")), _req(t, "dtype", "input"))
-        for t in _req(data, "inputs", "sGraph")
+        TensorDecl(_req(t, "id", f"inputs[{n}]", _TEXT), tuple(_req(t, "shape", f"inputs[{n}]", _INDICES)),
+                   _req(t, "dtype", f"inputs[{n}]", _TEXT))
+        for n, t in enumerate(_req(data, "inputs", "sGraph", _LIST))
     )
     kernels: list[Kernel] = []
-    for i, k in enumerate(_req(data, "kernels", "sGraph")):
+    for i, k in enumerate(_req(data, "kernels", "sGraph", _LIST)):
         where = f"kernels[{i}]"
-        kind = _req(k, "kind", where)
-        kid = _req(k, "id", where)
+        kind = _req(k, "kind", where, _TEXT)
+        kid = _req(k, "id", where, _TEXT)
         if kind == "library":
             kernels.append(LibraryKernel(
-                kid, _req(k, "op", where), tuple(_req(k, "inputs", where)), dict(k.get("attrs", {})),
-                _req(k, "output", where),
+                kid, _req(k, "op", where, _TEXT), tuple(_req(k, "inputs", where, _TEXTS)),
+                dict(_req(k, "attrs", where, _OBJECT, {})), _req(k, "output", where, _TEXT),
             ))
         elif kind == "graph":
-            grid = tuple(Axis(_req(a, "name", where), Size.of(_req(a, "size", where))) for a in _req(k, "grid", where))
-            lp = _req(k, "loop", where)
             block = BlockGraph(
-                grid=grid,
-                loop=Axis(_req(lp, "name", where), Size.of(_req(lp, "size", where))),
+                grid=tuple(_axis(a, f"{where}.grid[{n}]") for n, a in enumerate(_req(k, "grid", where, _LIST))),
+                loop=_axis(_req(k, "loop", where, _OBJECT), f"{where}.loop"),
                 inputs=tuple(
-                    BlockInput(
-                        _req(x, "id", where), _req(x, "tensor", where), tuple(_req(x, "imap", where)), x.get("fmap")
-                    )
-                    for x in _req(k, "inputs", where)
+                    BlockInput(_req(x, "id", w, _TEXT), _req(x, "tensor", w, _TEXT), tuple(_req(x, "imap", w, _MAP)),
+                               _req(x, "fmap", w, _INDEX, None))
+                    for n, x in enumerate(_req(k, "inputs", where, _LIST)) if (w := f"{where}.inputs[{n}]")
                 ),
-                body=tuple(_parse_op(o, where) for o in k.get("body", [])),
+                body=tuple(_parse_op(o, f"{where}.body[{n}]") for n, o in enumerate(_req(k, "body", where, _LIST, []))),
                 accumulators=tuple(
-                    Accumulator(_req(a, "id", where), _req(a, "source", where), _req(a, "kind", where), a.get("dim"))
-                    for a in _req(k, "accumulators", where)
+                    Accumulator(_req(a, "id", w, _TEXT), _req(a, "source", w, _TEXT), _req(a, "kind", w, _TEXT),
+                                _req(a, "dim", w, _INDEX, None))
+                    for n, a in enumerate(_req(k, "accumulators", where, _LIST)) if (w := f"{where}.accumulators[{n}]")
                 ),
-                post=tuple(_parse_op(o, where) for o in k.get("post", [])),
+                post=tuple(_parse_op(o, f"{where}.post[{n}]") for n, o in enumerate(_req(k, "post", where, _LIST, []))),
                 outputs=tuple(
-                    BlockOutput(_req(o, "source", where), _req(o, "tensor", where), tuple(_req(o, "omap", where)))
-                    for o in _req(k, "outputs", where)
+                    BlockOutput(_req(o, "source", w, _TEXT), _req(o, "tensor", w, _TEXT),
+                                tuple(_req(o, "omap", w, _INDICES)))
+                    for n, o in enumerate(_req(k, "outputs", where, _LIST)) if (w := f"{where}.outputs[{n}]")
                 ),
             )
             kernels.append(GraphKernel(kid, block))
         else:
             raise SGraphError(f"{where}: unknown kernel kind {kind!r} (expected 'library' or 'graph')")
-    sg = SGraph(inputs, tuple(kernels), tuple(_req(data, "outputs", "sGraph")), data.get("name", "sgraph"))
+    outputs = tuple(_req(data, "outputs", "sGraph", _TEXTS))
+    sg = SGraph(inputs, tuple(kernels), outputs, _req(data, "name", "sGraph", _TEXT, "sgraph"))
     analyze(sg)
     return sg
 
 
 def _parse_op(o: Any, where: str) -> BlockOp:
-    return BlockOp(
-        _req(o, "id", where), _req(o, "op", where), tuple(_req(o, "inputs", where)), dict(o.get("attrs", {}))
-    )
+    return BlockOp(_req(o, "id", where, _TEXT), _req(o, "op", where, _TEXT), tuple(_req(o, "inputs", where, _TEXTS)),
+                   dict(_req(o, "attrs", where, _OBJECT, {})))
 
 
 # ---------------------------------------------------------------------------------------------

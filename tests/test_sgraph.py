@@ -281,6 +281,37 @@ def test_malformed_sgraph_is_rejected_with_named_problem(mutate, message):
     assert message in str(e.value)
 
 
+FIELD_TYPES = [
+    (lambda k: k.update(kind=["graph"]), "kernels[0]: field 'kind' must be a non-empty string, got ['graph']"),
+    (lambda k: k.update(body=5), "kernels[0]: field 'body' must be a list, got 5"),
+    (lambda k: k["body"][0].update(op=["matmul"]), "kernels[0].body[0]: field 'op' must be a non-empty string"),
+    (lambda k: k["body"][0].update(attrs=[1]), "kernels[0].body[0]: field 'attrs' must be an object, got [1]"),
+    (lambda k: k["inputs"][1].update(imap="a"), "kernels[0].inputs[1]: field 'imap' must be a list of integers or nulls"),
+    (lambda k: k["inputs"][0].update(fmap=True), "kernels[0].inputs[0]: field 'fmap' must be an integer or null, got True"),
+    (lambda k: k["inputs"][0].update(tensor=["X"]), "kernels[0].inputs[0]: field 'tensor' must be a non-empty string"),
+    (lambda k: k["outputs"][0].update(omap=["x"]), "kernels[0].outputs[0]: field 'omap' must be a list of integers"),
+    (lambda k: k["accumulators"][0].update(dim="x"), "kernels[0].accumulators[0]: field 'dim' must be an integer or null"),
+    (lambda k: k["grid"][0].update(size=2.5), "kernels[0].grid[0]: field 'size' must be a size (an integer or a symbol"),
+    (lambda k: k.update(loop=None), "kernels[0]: field 'loop' must be an object, got None"),
+]
+
+
+@pytest.mark.parametrize("mutate,message", FIELD_TYPES)
+def test_a_field_of_the_wrong_type_is_named_with_its_place(mutate, message):
+    with pytest.raises(SGraphError) as e:
+        SGraph.from_json(_edit(mutate))
+    assert message in str(e.value) and "malformed" not in str(e.value)
+
+
+def test_sgraph_top_level_fields_are_checked():
+    for change, message in (({"name": 5}, "sGraph: field 'name' must be a non-empty string, got 5"),
+                            ({"outputs": {"O": 1}}, "sGraph: field 'outputs' must be a list of tensor ids"),
+                            ({"kernels": 5}, "sGraph: field 'kernels' must be a list, got 5"),
+                            ({"notes": "x"}, "unexpected top-level field 'notes'")):
+        with pytest.raises(SGraphError, match=message):
+            SGraph.from_json({**_ref_json(), **change})
+
+
 def test_sgraph_schema_and_program_pairing():
     d = _ref_json()
     d["schema"] = "superopt.sgraph/7"
