@@ -97,14 +97,20 @@ def show(
     """Print a program or an sGraph."""
     values = parse_params(params) if params else None
     if Path(spec).is_file() and kind_of(read_json(spec)) == "sgraph":
-        out.print(render_sgraph(load_sgraph(spec, Program(), spec), values), markup=False)
-        return
-    program = load_program(spec)
-    if reference or baseline:
+        sg = load_sgraph(spec, Program(), spec)
+    else:
+        program = load_program(spec)
+        if params and not (reference or baseline):
+            raise LoadError("--params goes with an sGraph (a file, --reference or --baseline), not a program")
+        if not (reference or baseline):
+            out.print(render_program(program), markup=False)
+            return
+        if reference and baseline:
+            raise LoadError("--reference and --baseline each show one sGraph: choose one")
         sg = load_sgraph("reference" if reference else "baseline", program, spec)
-        out.print(render_sgraph(sg, values), markup=False)
-        return
-    out.print(render_program(program), markup=False)
+    if values is not None:
+        instantiate(sg, values, get_target("h100"))  # every symbol named, known and within its constraints
+    out.print(render_sgraph(sg, values), markup=False)
 
 
 @app.command()
@@ -488,6 +494,9 @@ def cache_invalidate(
     if kernel_id is None and not (program_hash or target or everything):
         raise RequestError("invalidate", "name a kernel id, --hash, --target or --all")
     n = KernelCache(open_database(db)).invalidate(program_hash=program_hash, target=target, kernel_id=kernel_id)
+    if kernel_id is not None and n == 0:
+        raise RequestError("invalidate", f"kernel {kernel_id} is not a cached winner"
+                                         + (" of that hash and target" if program_hash or target else ""))
     out.print(f"invalidated {n} cached winner(s)")
 
 

@@ -381,6 +381,9 @@ def _load(data: Any) -> Program:
         e = entries[nid]
         attrs = dict(e.get("attrs", {}))
         if e.get("op") == "input":
+            if attrs:
+                raise ProgramError(f"node {nid!r} (input): an input has no attributes (its fields are shape and "
+                                   f"dtype), got {sorted(attrs)}")
             attrs = {"shape": e.get("shape"), "dtype": e.get("dtype")}
         node = _make_node(nid, e.get("op"), tuple(e.get("inputs", [])), attrs, p.nodes)
         if e.get("op") != "input":

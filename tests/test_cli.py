@@ -101,6 +101,20 @@ def test_unknown_workload_is_one_clear_error():
     assert res.exit_code == 2 and "neither a built-in workload" in res.stderr
     res = invoke("show", "gqa:huge")
     assert res.exit_code == 2 and "has no shape 'huge'" in res.stderr
+    res = invoke("show", "gqa:")  # an empty label is not the default one
+    assert res.exit_code == 2 and "has no shape ''" in res.stderr
+
+
+def test_show_checks_the_parameters_it_prints():
+    cases = [
+        (("rmsnorm_matmul:ci", "--reference", "--params", "gx=4,F=99"), "must divide evenly by the loop f (F)"),
+        (("rmsnorm_matmul:ci", "--reference", "--params", "gx=4,F=2,zz=3"), "unknown parameter(s) zz"),
+        (("rmsnorm_matmul:ci", "--params", "gx=2"), "--params goes with an sGraph"),
+        (("rmsnorm_matmul:ci", "--reference", "--baseline"), "choose one"),
+    ]
+    for args, message in cases:
+        res = invoke("show", *args)
+        assert res.exit_code == 2 and message in res.stderr, (args, res.output)
 
 
 def test_unknown_target_is_one_clear_error_in_every_command(tmp_path):

@@ -66,6 +66,7 @@ def test_user_errors_are_one_line_and_exit_2(tmp_path):
         (["cache", "export", "42"], "kernel 42 is not a cached winner"),
         (["worker", "--once", "--optimizer", "nowhere:optimize"], "optimizer: cannot load 'nowhere:optimize'"),
         (["status", "99999999999999999999"], "no job 99999999999999999999"),  # past any stored id
+        (["cache", "invalidate", "42"], "invalidate: kernel 42 is not a cached winner"),
         (["cancel", "99999999999999999999"], "no job 99999999999999999999"),
         (["cache", "show", "99999999999999999999"], "no kernel 99999999999999999999"),
         (["submit", "lora:ci", "--max-states", "99999999999999999999"], "max_states: Input should be less than"),

@@ -92,6 +92,7 @@ INVALID = [
     ("empty id", lambda d: _node(d, "E").update(id=""), "'id' must be a non-empty string"),
     ("declared shape wrong", lambda d: _node(d, "E").update(shape=[9, 9]), "node 'E': declared shape [9, 9] but the op gives [4, 6]"),
     ("unknown field", lambda d: _node(d, "E").update(color="red"), "node 'E': unexpected field 'color'"),
+    ("input with attributes", lambda d: _node(d, "X").update(attrs={"foo": 1}), "node 'X' (input): an input has no attributes"),
     ("dtype not a string", lambda d: _node(d, "X").update(dtype=["f16"]), "node 'X' (input): unknown dtype ['f16']"),
     ("declared shape not a list", lambda d: _node(d, "E").update(shape=5), "node 'E': declared shape 5 but the op gives [4, 6]"),
     ("float attribute beyond float", lambda d: d["nodes"].append({"id": "N", "op": "rms_norm", "inputs": ["Y"], "attrs": {"eps": 10**400}}), "attribute 'eps' of rms_norm must be a finite number"),

@@ -113,9 +113,9 @@ def get(name: str) -> Workload:
 
 def split_name(spec: str) -> tuple[Workload, str]:
     """'gqa:ci' -> (gqa workload, 'ci'); 'gqa' -> (gqa, its default label)."""
-    name, _, label = spec.partition(":")
+    name, colon, label = spec.partition(":")
     w = get(name)
-    label = label or w.default
+    label = label if colon else w.default
     if label not in w.shapes:
         raise KeyError(f"workload {name!r} has no shape {label!r}; known: {', '.join(w.shapes)}")
     return w, label
