@@ -368,7 +368,7 @@ def status(
     from superopt.db.jobs import JobQueue
     from superopt.jobs_render import job_table
 
-    job = JobQueue(open_database(db)).get(job_id)
+    job = JobQueue(open_database(db, existing=True)).get(job_id)
     if as_json:
         emit_json(job.to_json())
     else:
@@ -392,7 +392,7 @@ def watch(
     from superopt.jobs_render import job_table
     from superopt.worker import describe
 
-    queue = JobQueue(open_database(db))
+    queue = JobQueue(open_database(db, existing=True))
     job = queue.get(job_id)
     with Live(job_table(job), console=err, refresh_per_second=4, transient=True) as live:
         while not job.state.terminal:
@@ -412,7 +412,7 @@ def cancel(job_id: Annotated[int, typer.Argument(help="job id")], db: DbOption =
     from superopt.db.engine import open_database
     from superopt.db.jobs import JobQueue
 
-    job = JobQueue(open_database(db)).cancel(job_id)
+    job = JobQueue(open_database(db, existing=True)).cancel(job_id)
     out.print(f"job {job.id} {job.state.value}")
 
 
@@ -433,7 +433,7 @@ def cache_ls(
     from superopt.db.engine import open_database
     from superopt.jobs_render import entries_table
 
-    entries = KernelCache(open_database(db)).entries(program_hash, target)
+    entries = KernelCache(open_database(db, existing=True)).entries(program_hash, target)
     if as_json:
         emit_json([e.to_json() for e in entries])
     else:
@@ -452,7 +452,7 @@ def cache_show(
     from superopt.db.engine import open_database
     from superopt.jobs_render import kernel_text
 
-    kernel = KernelCache(open_database(db)).kernel(kernel_id)
+    kernel = KernelCache(open_database(db, existing=True)).kernel(kernel_id)
     if as_json:
         emit_json(kernel)
     else:
@@ -470,7 +470,7 @@ def cache_export(
     from superopt.db.cache import KernelCache
     from superopt.db.engine import open_database
 
-    report = KernelCache(open_database(db)).report(kernel_id)
+    report = KernelCache(open_database(db, existing=True)).report(kernel_id)
     if out_file is None:
         emit_json(report)
     else:
@@ -493,7 +493,8 @@ def cache_invalidate(
 
     if kernel_id is None and not (program_hash or target or everything):
         raise RequestError("invalidate", "name a kernel id, --hash, --target or --all")
-    n = KernelCache(open_database(db)).invalidate(program_hash=program_hash, target=target, kernel_id=kernel_id)
+    cache = KernelCache(open_database(db, existing=True))
+    n = cache.invalidate(program_hash=program_hash, target=target, kernel_id=kernel_id)
     if kernel_id is not None and n == 0:
         raise RequestError("invalidate", f"kernel {kernel_id} is not a cached winner"
                                          + (" of that hash and target" if program_hash or target else ""))

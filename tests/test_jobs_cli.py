@@ -55,6 +55,9 @@ def test_submit_work_and_query(tmp_path):
 
 def test_user_errors_are_one_line_and_exit_2(tmp_path):
     db = str(tmp_path / "superopt.db")
+    res = invoke(db, "status", "42")  # looking up names a database that is not there, and makes none
+    assert res.exit_code == 2 and f"no database at {db}" in res.stderr and not (tmp_path / "superopt.db").exists()
+    open_database(db).close()
     cases = [
         (["submit", "nope"], "neither a built-in workload"),
         (["submit", "gqa:ci", "--target", "tpu"], "target: unknown target 'tpu'"),
