@@ -176,6 +176,27 @@ class Searcher:
         else:
             rejected.append((sg.name, decision))
 
+    def consider_best(self, sgraphs: list[SGraph], keep: int) -> ShardResult:
+        """`consider` candidates found outside the shards (`KernelSearch.program_split`): the `keep`
+        that rank best are verified, the others dominated (proved later only if needed)."""
+        ranked: list[tuple[Key, str, SGraph]] = []
+        rejected: list[tuple[str, str]] = []
+        for sg in sgraphs:
+            text = sg.dumps()
+            decision = self.decided.get(text)
+            if decision is None:
+                decision = self.decided[text] = self._rank(sg)
+            if isinstance(decision, list):
+                ranked.append((_key(sg, decision), text, sg))
+            elif isinstance(decision, str):
+                rejected.append((sg.name, decision))
+        ranked.sort(key=lambda r: r[:2])
+        result = ShardResult(Shard(0, ("split", None)), [], rejected, 0, 0, False)
+        bound = ranked[keep - 1][0] if len(ranked) >= keep else None
+        for _, _, sg in ranked:
+            self.consider(sg, result.verified, result.rejected, result.dominated, bound)
+        return result
+
     def _rank(self, sg: SGraph) -> list[Ranked] | str:
         if first_assignment(sg, self.target) is None:
             return "no valid instantiation at the program's shapes"
@@ -409,6 +430,7 @@ def run_search(
     baseline: list[Verified] = []
     local.consider(unfused_baseline(program), baseline, outcome.rejected)
     merge(ShardResult(Shard(0, ("baseline", None)), baseline, [], 0, 0, False))
+    merge(local.consider_best(local.search.program_split(), contenders))
 
     def probe(first_depth: int, live_states: int = 0, live_pruned: int = 0) -> None:
         """Anytime, for large searches: once the one-kernel search has reached `PROBE_AFTER_STATES`

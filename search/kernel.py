@@ -38,8 +38,9 @@ from superopt.dimclasses import NO_CLASS, dim_classes, input_classes
 from superopt.dtypes import dtype as get_dtype
 from superopt.object_cache import BoundedDict, ObjectCache
 from superopt.primitives import apply
-from superopt.program import Program
+from superopt.program import Node, Program, Tensor
 from superopt.search.block import (
+    MAX_OUTPUTS,
     BlockState,
     Body,
     Chunk,
@@ -97,6 +98,7 @@ MIDDLES = ("library", "graph")  # kinds of second kernel, in the order graphs of
 BLOCK_CACHE_ENTRIES = 256  # input combinations whose block graphs are kept (least recently used go)
 BLOCK_CACHE_STATES = 100_000  # block graphs kept in all (beyond those of the combination being generated)
 FLOOR_ENTRIES = 1 << 17  # kernels, and sets of kernels, whose least estimated times are kept
+SPLIT_KEEP = 8  # partial schedules kept from one part of `program_split` to the next (the cheapest)
 
 
 class BudgetExhausted(Exception):
@@ -155,7 +157,7 @@ class KernelSearch:
         # Each grid axis splits a divisor of a program dim: the least latency of a loop iteration.
         self._iteration_s = 0.0 if self.target is None else costmodel.iteration_floor(
             self.target, _block_counts(self.program, self.config.max_grid_axes))
-        values = abstract_program(self.program)
+        values = self._values = abstract_program(self.program)
         self._nbytes = min(get_dtype(n.dtype or "f32").nbytes for n in self.program.inputs)
         self._output_bytes = [self._bytes(KTensor(n.id, n.size_shape, ("c",), ())) for n in self._outputs]
         self._target_leaves = [_leaves(values[o][0]) for o in self.program.outputs]  # see `_inputs_of`
@@ -267,7 +269,7 @@ class KernelSearch:
         self._tick()
         final = depth == 1
         if choice[0] == "program":
-            for state in self._graph_moves(root, final, only=choice[1], program=True):
+            for state in self._graph_moves(root, final, only=choice[1], program=self.program):
                 yield from self._at_depth(state, depth)
             return
         if firsts is not None:
@@ -309,6 +311,79 @@ class KernelSearch:
             states = list(self._graph_moves(self.initial(), False, only=choice[1], part=part))
             self._first_kernels[key] = self.undominated([self._ranked_first(st) for st in states])
         return self._first_kernels[key]
+
+    def program_split(self) -> list[SGraph]:
+        """Schedules of a program too large for one kernel, cut into consecutive parts (canonical
+        order) that each fit one: every part one graph kernel computing it as `Generator.program_graphs`
+        does the whole program, grown part by part from the `SPLIT_KEEP` cheapest (`_spent`). A
+        fused schedule at once, and a bound, where the one-kernel search may outlast any budget (a
+        12-op chain over two inputs). Empty when the program fits one kernel, or an op is not a
+        block op, or some part cannot be cut."""
+        parts = self._program_parts()
+        if len(parts) < 2:
+            return []
+        states = [self.initial()]
+        for nodes in parts:
+            grown = [nxt for st in states for nxt in self._part_moves(st, nodes)]
+            states = sorted(grown, key=self._spent)[:SPLIT_KEEP]
+        return [sg for st in states if (sg := self._candidate(st)) is not None]
+
+    def _program_parts(self) -> list[list[Node]]:
+        """The program's ops cut greedily into consecutive runs of at most `max_block_ops` ops, at
+        most `max_block_inputs` tensors read from outside and at most `MAX_OUTPUTS` values read
+        after them (or returned), each of which nothing in its own run reads (a block graph writes
+        its sinks); one run when the program fits one kernel, none when it cannot be cut."""
+        ops_ = [n for n in self.program.topological() if n.op not in ("input", "const")]
+        if any(n.op not in self.space.block_ops for n in ops_):
+            return []
+        parts: list[list[Node]] = []
+        start = 0
+        while start < len(ops_):
+            ends = range(min(len(ops_), start + self.config.max_block_ops), start, -1)
+            end = next((e for e in ends if self._one_part(ops_[start:e], ops_[e:])), None)
+            if end is None:
+                return []
+            parts.append(ops_[start:end])
+            start = end
+        return parts
+
+    def _one_part(self, nodes: list[Node], after: list[Node]) -> bool:
+        ids = {n.id for n in nodes}
+        outside = {i for n in nodes for i in n.inputs if i not in ids and self.program.nodes[i].op != "const"}
+        read_later = {i for n in after for i in n.inputs} | set(self.program.outputs)
+        outputs = [n for n in nodes if n.id in read_later]
+        read_here = {i for n in nodes for i in n.inputs}
+        return (len(outside) <= self.config.max_block_inputs and 1 <= len(outputs) <= MAX_OUTPUTS
+                and not any(n.id in read_here and n.id not in self.program.outputs for n in outputs))
+
+    def _part_moves(self, s: KState, nodes: list[Node]) -> Iterator[KState]:
+        """`s` and one graph kernel computing these program nodes from the tensors of `s` that
+        hold their operands (as `_program_parts` cut them)."""
+        ids = {n.id for n in nodes}
+        held: dict[str, int] = {}
+        for i in (i for n in nodes for i in n.inputs if i not in ids and self.program.nodes[i].op != "const"):
+            node, cls = self.program.nodes[i], self.oracle.class_of(self._values[i][0])
+            match = next((k for k, t in enumerate(s.tensors) if t.chunk is None and t.shape == node.size_shape
+                          and cls is not None and self.oracle.class_of(t.ae) == cls), None)
+            if match is None:
+                return
+            held[i] = match
+        part = Program(f"{self.program.name}.part")
+        for i, k in sorted(held.items(), key=lambda item: item[1]):
+            node = self.program.nodes[i]
+            part.input(s.tensors[k].id, node.shape, node.dtype or "f32")
+        for n in nodes:
+            operands = [float(self.program.nodes[i].attrs["value"]) if self.program.nodes[i].op == "const"
+                        else Tensor(part, s.tensors[held[i]].id if i in held else i) for i in n.inputs]
+            part.op(n.op, *operands, name=n.id, **dict(n.attrs))
+        read_later = {i for m in self.program.topological() if m.id not in ids for i in m.inputs}
+        part.outputs = [n.id for n in nodes if n.id in read_later or n.id in self.program.outputs]
+        subset = tuple(sorted(held.values()))
+        # No canonical order between parts: this kernel may read older tensors than the last one.
+        for nxt in self._graph_moves(KState(s.tensors, s.kernels, (), s.graph_kernels), False, only=subset,
+                                     program=part):
+            if all(t.chunk is None for t in nxt.tensors[len(s.tensors):]):
+                yield nxt
 
     def _at_depth(
         self, state: KState, depth: int, rereads: bool | None = None, part: tuple[int, int] = (1, 0),
@@ -825,11 +900,12 @@ class KernelSearch:
 
     def _graph_moves(
         self, s: KState, final: bool, only: tuple[int, ...] | None = None, part: tuple[int, int] = (1, 0),
-        rereads: bool | None = None, later: int = 0, program: bool = False,
+        rereads: bool | None = None, later: int = 0, program: Program | None = None,
     ) -> Iterator[KState]:
         """Graph kernels over every subset of the tensors (or `only` that one); `later` kernels to
         come after a kernel that is not the last bound it (`_middle_floor`). `program`: only the
-        block graphs that compute the program itself (over its inputs, `only` all of them)."""
+        block graphs that compute this program (the whole one over its inputs, or a part of it
+        over the tensors `only`, its inputs named by their ids: `program_split`)."""
         assert self._gen is not None
         indices = range(len(s.tensors))
         missing = self._missing(s) if final else []
@@ -861,7 +937,8 @@ class KernelSearch:
                 if self.config.concrete and tie is None:
                     yield from self._concrete_moves(s, subset, specs, final, missing)
                     continue
-                for block in self._program_blocks(specs) if program else self._blocks(specs, part):
+                blocks = self._blocks(specs, part) if program is None else self._program_blocks(s, specs, program)
+                for block in blocks:
                     if final and not self._completes_exactly(missing, _sinks(block)):
                         self.pruned += 1
                         continue
@@ -937,11 +1014,12 @@ class KernelSearch:
             self._tick()
             yield state
 
-    def _program_blocks(self, specs: Sequence[InputSpec]) -> Iterator[BlockState]:
-        """The block graphs computing the program itself over its inputs (`specs`, at the root)."""
+    def _program_blocks(self, s: KState, specs: Sequence[InputSpec], program: Program) -> Iterator[BlockState]:
+        """The block graphs computing `program` over the tensors of `s` that `specs` read (its
+        inputs are named by their ids)."""
         assert self._gen is not None
-        tiles = {self.program.inputs[sp.tensor].id: k for k, sp in enumerate(specs)}
-        for state in self._gen.program_graphs(self._gen.start(specs), self.program, tiles):
+        tiles = {s.tensors[sp.tensor].id: k for k, sp in enumerate(specs)}
+        for state in self._gen.program_graphs(self._gen.start(specs), program, tiles):
             self._tick()
             yield state
 

@@ -286,6 +286,41 @@ def _program_ops(p: Program) -> list[str]:
     return sorted(n.op for n in p.topological() if n.op not in ("input", "const"))
 
 
+def _long_chain(pairs: int) -> Program:
+    """t = unary(binary(t, Y)), `pairs` times from t = X (found by probing optimize): two inputs,
+    2 x `pairs` ops, beyond one block graph's 11 from 6 pairs on."""
+    p = Program("long_chain")
+    x, y = p.input("X", (8, 16), "f16"), p.input("Y", (8, 16), "f16")
+    t = x
+    for i in range(pairs):
+        t = p.op(["sigmoid", "silu", "neg", "square", "relu"][i % 5], p.op(["add", "mul", "sub"][i % 3], t, y))
+    p.output(t)
+    return p
+
+
+def test_a_program_too_large_for_one_kernel_is_cut_into_fused_parts_at_once(h100, monkeypatch):
+    """A 14-op chain over two inputs does not fit one block graph, and its one-kernel search
+    outlasts any budget (100,000 states in 20 s): it used to get the unfused baseline, 14
+    kernels. Cut into consecutive parts that each fit one kernel (`program_split`), it has a
+    2-kernel schedule, proved, before any shard runs; without the cut the same states find none."""
+    p = _long_chain(7)
+    ks = KernelSearch(p, space_of(p), Oracle(p), SearchConfig(), target=h100)
+    parts = ks._program_parts()
+    assert [len(part) for part in parts] == [11, 3]
+    assert [n.id for part in parts for n in part] == [n.id for n in p.topological() if n.op != "input"]
+    split = ks.program_split()
+    assert split and all(len(sg.kernels) == 2 and all(isinstance(k, GraphKernel) for k in sg.kernels) for sg in split)
+    seeded = run_search(p, h100, SearchConfig(), max_states=3_000)
+    assert seeded.stats.budget_exhausted and seeded.best.verdict.proved
+    assert len(seeded.best.sgraph.kernels) == 2 and seeded.best.sgraph.dumps() in {sg.dumps() for sg in split}
+    monkeypatch.setattr(KernelSearch, "program_split", lambda self: [])
+    unseeded = run_search(p, h100, SearchConfig(), max_states=3_000)
+    assert unseeded.best.sgraph.name.endswith(".unfused")
+    # A program that fits one kernel has its own block graph instead: no parts to cut.
+    small = _long_chain(5)
+    assert KernelSearch(small, space_of(small), Oracle(small), SearchConfig(), target=h100).program_split() == []
+
+
 def test_the_program_itself_as_one_kernel_is_searched_first(h100, monkeypatch):
     """Before the one-kernel search, the program itself as one block graph (its ops in canonical
     order, `Generator.program_graphs`) is tiled, verified and bounds the rest: a program whose
