@@ -703,7 +703,9 @@ class Generator:
         """Would a new tile (reading `args`, of expression `aid`) recompute a value the block
         already has? Either an existing tile of its phase already contains the expression (the new
         one repeats part of it), or it contains an existing tile's expression without being built
-        from that tile. A schedule that reuses the value instead is generated too."""
+        from that tile while one op of the space builds it from that tile (`_one_op_from`): that
+        schedule, reusing the value, is generated too. (Without such an op, as for rsqrt(X) beside
+        sqrt(X) when the program divides nothing, computing it again is the only way.)"""
         ancestors = set(args)
         stack = list(args)
         while stack:
@@ -714,9 +716,23 @@ class Generator:
         for k, t in enumerate(s.tiles):
             if t.phase != phase or t.op == "input" or k in ancestors:
                 continue
-            if self._inside(aid, t.aid) or self._inside(t.aid, aid):
+            if self._inside(aid, t.aid) or (self._inside(t.aid, aid) and self._one_op_from(s, k, aid)):
                 return True
         return False
+
+    def _one_op_from(self, s: BlockState, k: int, aid: int) -> bool:
+        """Does one op of the space build expression `aid` from tile k (alone, with a constant,
+        or with another tile of its phase)?"""
+        t = s.tiles[k]
+        if any(self._built(op, [t], attrs, consts) == aid for op, _, attrs, consts in self._single_ops(t)[0]):
+            return True
+        return any(self._built(op, pair, (), ()) == aid for other in s.tiles if other.phase == t.phase
+                   for pair in ([t, other], [other, t]) for op, _ in self._pair_ops(*pair)[0])
+
+    def _built(self, op: str, tiles: list[Tile], attrs: tuple[tuple[str, Any], ...],
+               consts: tuple[tuple[int, float], ...]) -> int | None:
+        hit = self._ae(op, tiles, attrs, consts)
+        return None if hit is None else hit[2]
 
     def _inside(self, small: int, big: int) -> bool:
         key = (small, big)
