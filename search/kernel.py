@@ -369,15 +369,17 @@ class KernelSearch:
                 return
             held[i] = match
         part = Program(f"{self.program.name}.part")
-        for i, k in sorted(held.items(), key=lambda item: item[1]):
+        name = {i: s.tensors[k].id for i, k in held.items()}  # inputs: the tensors' ids; ops: unused names
+        for i in sorted(held, key=held.__getitem__):
             node = self.program.nodes[i]
-            part.input(s.tensors[k].id, node.shape, node.dtype or "f32")
+            part.input(name[i], node.shape, node.dtype or "f32")
         for n in nodes:
+            name[n.id] = next(f"{n.id}{'_' * u}" for u in range(len(name) + 1) if f"{n.id}{'_' * u}" not in part.nodes)
             operands = [float(self.program.nodes[i].attrs["value"]) if self.program.nodes[i].op == "const"
-                        else Tensor(part, s.tensors[held[i]].id if i in held else i) for i in n.inputs]
-            part.op(n.op, *operands, name=n.id, **dict(n.attrs))
+                        else Tensor(part, name[i]) for i in n.inputs]
+            part.op(n.op, *operands, name=name[n.id], **dict(n.attrs))
         read_later = {i for m in self.program.topological() if m.id not in ids for i in m.inputs}
-        part.outputs = [n.id for n in nodes if n.id in read_later or n.id in self.program.outputs]
+        part.outputs = [name[n.id] for n in nodes if n.id in read_later or n.id in self.program.outputs]
         subset = tuple(sorted(held.values()))
         # No canonical order between parts: this kernel may read older tensors than the last one.
         for nxt in self._graph_moves(KState(s.tensors, s.kernels, (), s.graph_kernels), False, only=subset,

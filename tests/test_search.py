@@ -313,6 +313,12 @@ def test_a_program_too_large_for_one_kernel_is_cut_into_fused_parts_at_once(h100
     seeded = run_search(p, h100, SearchConfig(), max_states=3_000)
     assert seeded.stats.budget_exhausted and seeded.best.verdict.proved
     assert len(seeded.best.sgraph.kernels) == 2 and seeded.best.sgraph.dumps() in {sg.dumps() for sg in split}
+    # Part programs name their inputs by the tensors' ids: a program node named like one is renamed.
+    clash = _long_chain(7)
+    last = next(n for n in reversed(clash.topological()) if n.op != "input")
+    clash = Program.from_json(json.loads(json.dumps(clash.to_json()).replace(f'"{last.id}"', '"k0_out0"')))
+    assert clash.outputs == ["k0_out0"]
+    assert KernelSearch(clash, space_of(clash), Oracle(clash), SearchConfig(), target=h100).program_split()
     monkeypatch.setattr(KernelSearch, "program_split", lambda self: [])
     unseeded = run_search(p, h100, SearchConfig(), max_states=3_000)
     assert unseeded.best.sgraph.name.endswith(".unfused")
