@@ -369,15 +369,14 @@ class KernelSearch:
                 return
             held[i] = match
         part = Program(f"{self.program.name}.part")
-        name = {i: s.tensors[k].id for i, k in held.items()}  # inputs: the tensors' ids; ops: unused names
+        name = {i: s.tensors[k].id for i, k in held.items()}  # inputs: the tensors' ids; ops: the builder's
         for i in sorted(held, key=held.__getitem__):
             node = self.program.nodes[i]
             part.input(name[i], node.shape, node.dtype or "f32")
         for n in nodes:
-            name[n.id] = next(f"{n.id}{'_' * u}" for u in range(len(name) + 1) if f"{n.id}{'_' * u}" not in part.nodes)
             operands = [float(self.program.nodes[i].attrs["value"]) if self.program.nodes[i].op == "const"
                         else Tensor(part, name[i]) for i in n.inputs]
-            part.op(n.op, *operands, name=name[n.id], **dict(n.attrs))
+            name[n.id] = part.op(n.op, *operands, **dict(n.attrs)).id
         read_later = {i for m in self.program.topological() if m.id not in ids for i in m.inputs}
         part.outputs = [name[n.id] for n in nodes if n.id in read_later or n.id in self.program.outputs]
         subset = tuple(sorted(held.values()))
