@@ -190,6 +190,8 @@ class Result:
         sGraphs read `program`'s input names (matched in canonical order; a kernel's tensor that
         would clash with one is renamed too). CUDA generated for other names is dropped."""
         names = input_names(self.program, program)
+        if not names:
+            return replace(self, program=program)
         renamed_candidates: dict[int, Candidate] = {}
 
         def bind(c: Candidate) -> Candidate:
