@@ -50,6 +50,7 @@ from superopt.search.block import Body
 from superopt.search.instantiation import Ranked, rank
 from superopt.search.kernel import MIDDLES, BudgetExhausted, FirstChoice, FirstKernel, KernelSearch, KState
 from superopt.search.space import space_of
+from superopt.search.views import InputViews
 from superopt.sgraph import SGraph
 from superopt.targets import Target
 from superopt.verifier.oracle import Oracle
@@ -136,7 +137,10 @@ class Searcher:
                  decided: dict[str, Verified | str | list[Ranked]] | None = None) -> None:
         self.program, self.target, self.config = program, target, config
         self.on_verified = on_verified  # told of each verified candidate as it is found
-        self.search = KernelSearch(program, space_of(program), Oracle(program), config, on_state=on_state,
+        # The search sees transposed inputs as inputs; its candidates get the views back here.
+        self.views = InputViews(program)
+        searched = self.views.program
+        self.search = KernelSearch(searched, space_of(searched), Oracle(searched), config, on_state=on_state,
                                    target=target)
         # candidate text -> its verification, why it was dropped, or its ranking (not verified yet);
         # shared with a probe's searcher (`run_search`): neither depends on the search bounds
@@ -236,7 +240,7 @@ class Searcher:
             limit = bound()
             for cand in ks.candidates_in(shard.depth, shard.choice, shard.part, shard.firsts, shard.middle):
                 n = len(verified)
-                self.consider(cand, verified, rejected, dominated, limit, deferred)
+                self.consider(self.views.unfold(cand), verified, rejected, dominated, limit, deferred)
                 if len(verified) > n:
                     best = sorted({*best, verified[-1].sort_key()})[:shard.keep]
                     limit = bound()
@@ -430,7 +434,7 @@ def run_search(
     baseline: list[Verified] = []
     local.consider(unfused_baseline(program), baseline, outcome.rejected)
     merge(ShardResult(Shard(0, ("baseline", None)), baseline, [], 0, 0, False))
-    merge(local.consider_best(local.search.program_split(), contenders))
+    merge(local.consider_best([local.views.unfold(sg) for sg in local.search.program_split()], contenders))
 
     def probe(first_depth: int, live_states: int = 0, live_pruned: int = 0) -> None:
         """Anytime, for large searches: once the one-kernel search has reached `PROBE_AFTER_STATES`

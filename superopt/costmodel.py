@@ -114,7 +114,7 @@ def _matmul_peak(target: Target, dt: str, a: tuple[Any, ...], b: tuple[Any, ...]
 
 
 BOUNDS = ("dram", "compute", "latency", "launch", "free")  # what bounds a kernel's time
-FREE_OPS = ("const", "reshape")  # library kernels that cost nothing: a launch argument, a view
+FREE_OPS = ("const", "reshape", "transpose")  # library kernels that cost nothing: a launch argument, views
 
 
 @dataclass(frozen=True)
@@ -149,10 +149,15 @@ def _costs(inst: Instance, k: Kernel) -> _Costs:
     return _library(inst, k) if isinstance(k, LibraryKernel) else _graph(inst, k)
 
 
+def is_free(sg: SGraph, k: Kernel) -> bool:
+    """A kernel that launches nothing: a constant, a view; a reshape of a transposed view copies."""
+    return isinstance(k, LibraryKernel) and k.op in FREE_OPS and not (k.op == "reshape" and k.inputs[0] in sg.views)
+
+
 def _library(inst: Instance, k: LibraryKernel) -> _Costs:
     t = inst.target
     info = inst.sgraph.info
-    if k.op in FREE_OPS:
+    if is_free(inst.sgraph, k):
         return _Costs(k.id, "library", 0, 0, 0.0, BOUNDS.index("free"))
     in_shapes = [inst.shape(i) for i in k.inputs]
     out_shape = inst.shape(k.output)
@@ -183,7 +188,7 @@ def _graph(inst: Instance, k: GraphKernel) -> _Costs:
         reads = blocks * loop if inp.fmap is not None else blocks
         loaded = math.prod(tile) * nbytes
         dram = dram + reads * loaded
-        dram_eff = dram_eff + reads * loaded / _sector_efficiency(tile, inst.shape(inp.tensor), nbytes)
+        dram_eff = dram_eff + reads * loaded / _sector_efficiency(*_stored_tile(inst, inp.tensor, tile), nbytes)
         per_iteration = per_iteration + (loaded if inp.fmap is not None else np.where(loop == 1, loaded, 0))
     for o in b.outputs:
         moved = math.prod(inst.shape(o.tensor)) * nbytes
@@ -210,6 +215,15 @@ def _graph(inst: Instance, k: GraphKernel) -> _Costs:
     parts = np.broadcast_arrays(t_dram, t_comp, t_lat)  # in BOUNDS order: ties go to the first
     return _Costs(k.id, "graph", dram, flops, t.launch_overhead_s + np.max(parts, axis=0),
                   np.argmax(parts, axis=0), blocks)
+
+
+def _stored_tile(inst: Instance, tensor: str, tile: tuple[Any, ...]) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+    """A tile of `tensor` and the tensor's shape in the order of its memory: a view's stored
+    tensor (`SGraph.views`), whose contiguous runs are what a block reads."""
+    if tensor not in inst.sgraph.views:
+        return tile, inst.shape(tensor)
+    stored, perm = inst.sgraph.views[tensor]
+    return tuple(tile[perm.index(d)] for d in range(len(perm))), inst.shape(stored)
 
 
 def _sector_efficiency(tile: tuple[Any, ...], full: tuple[Any, ...], nbytes: int) -> Any:

@@ -124,17 +124,22 @@ def random_inputs(program: Program, seed: int) -> dict[str, np.ndarray]:
 
     Each input gets its own scale in [0.5, 1] and a small offset, so that normalizations and
     means are not accidentally near identities; an input used as the right operand of a matmul
-    is further scaled by 1/sqrt(contraction length), which keeps attention logits of order one
-    (exp without a max subtraction stays inside f16 even summed over thousands of keys). Values are
-    rounded to the input's dtype so
-    every layer sees exactly representable numbers.
+    (itself, or transposed or reshaped into it) is further scaled by 1/sqrt(contraction length),
+    which keeps attention logits of order one (exp without a max subtraction stays inside f16
+    even summed over thousands of keys). Values are rounded to the input's dtype so every layer
+    sees exactly representable numbers.
     """
     rng = np.random.default_rng(seed)
     scale = {n.id: 1.0 for n in program.inputs}
     for n in program.nodes.values():
-        if n.op == "matmul" and program.nodes[n.inputs[1]].op == "input":
-            b = program.nodes[n.inputs[1]]
-            scale[b.id] = min(scale[b.id], 1.0 / np.sqrt(b.shape[-2]))
+        if n.op != "matmul":
+            continue
+        right = program.nodes[n.inputs[1]]
+        leaf = right
+        while leaf.op in ("transpose", "reshape"):  # a layout of an input scales that input
+            leaf = program.nodes[leaf.inputs[0]]
+        if leaf.op == "input":
+            scale[leaf.id] = min(scale[leaf.id], 1.0 / np.sqrt(right.shape[-2]))
     out: dict[str, np.ndarray] = {}
     for n in program.inputs:
         s = scale[n.id] * rng.uniform(0.5, 1.0)

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from superopt.canonical import input_names
-from superopt.costmodel import FREE_OPS
+from superopt.costmodel import is_free
 from superopt.program import Program
 from superopt.sgraph import GraphKernel, SGraph, renamed
 
@@ -104,7 +104,7 @@ class Candidate:
 
     @property
     def kernels(self) -> int:
-        return sum(1 for k in self.sgraph.kernels if getattr(k, "op", None) not in FREE_OPS)
+        return sum(1 for k in self.sgraph.kernels if not is_free(self.sgraph, k))
 
     @property
     def graph_defined_kernels(self) -> int:

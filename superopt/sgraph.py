@@ -177,6 +177,19 @@ class SGraph:
     def symbols(self) -> frozenset[str]:
         return self.info.symbols
 
+    @cached_property
+    def views(self) -> dict[str, tuple[str, tuple[int, ...]]]:
+        """Tensors a library transpose makes: each is a view (no copy) of a stored tensor,
+        `view -> (stored tensor, perm)` with view dim i being the stored tensor's dim perm[i].
+        Whatever reads a view reads the stored tensor's memory with permuted strides."""
+        views: dict[str, tuple[str, tuple[int, ...]]] = {}
+        for k in self.kernels:
+            if isinstance(k, LibraryKernel) and k.op == "transpose":
+                stored, inner = views.get(k.inputs[0], (k.inputs[0], None))
+                perm = tuple(k.attrs["perm"])
+                views[k.output] = stored, perm if inner is None else tuple(inner[p] for p in perm)
+        return views
+
     @property
     def graph_kernels(self) -> list[GraphKernel]:
         return [k for k in self.kernels if isinstance(k, GraphKernel)]

@@ -29,3 +29,27 @@ def searched(h100: Target) -> Callable[..., tuple[Program, Outcome]]:
         return program, run_search(program, h100, SearchConfig(**config), budget_s=120)
 
     return run
+
+
+def attention(k_stored_transposed: bool) -> Program:
+    """Attention over K stored (batch, length, head dim), as frameworks keep it (`Q @ K^T`), or
+    given already transposed (batch, head dim, length)."""
+    p = Program("attention")
+    q = p.input("Q", (2, 16, 32), "f16")
+    k = p.input("K", (2, 32, 64) if k_stored_transposed else (2, 64, 32), "f16")
+    v = p.input("V", (2, 64, 32), "f16")
+    e = p.exp(q @ (k if k_stored_transposed else p.transpose(k, (0, 2, 1))))
+    p.output(p.matmul(e / p.sum(e, -1, keepdim=True), v))
+    return p
+
+
+@pytest.fixture(scope="session")
+def searched_attention(h100: Target) -> Callable[[bool], tuple[Program, Outcome]]:
+    """`attention` and its search, once per session for each layout of K."""
+
+    @functools.cache
+    def run(k_stored_transposed: bool) -> tuple[Program, Outcome]:
+        program = attention(k_stored_transposed)
+        return program, run_search(program, h100, SearchConfig())
+
+    return run

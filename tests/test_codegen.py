@@ -11,12 +11,14 @@ from hypothesis import strategies as st
 
 from superopt import workloads
 from superopt.assignments import enumerate_assignments
+from superopt.build import SGraphBuilder
 from superopt.codegen import CodegenError, KernelLaunch, LibraryCall, generate
 from superopt.codegen.layout import alignment, smem_slots, tile_runs, vector_bytes
 from superopt.codegen.nvcc import parse_ptxas
 from superopt.codegen.stages import lanes_for
-from superopt.costmodel import best_params, estimate
+from superopt.costmodel import best_params, estimate, is_free
 from superopt.instantiate import instantiate
+from superopt.sgraph import SGraph, TensorDecl
 from superopt.targets import TARGETS
 
 H100 = TARGETS["h100"]
@@ -170,3 +172,41 @@ ptxas info    : Used 32 registers, used 1 barriers
     a, b = parse_ptxas(log)
     assert (a.name, a.registers, a.static_smem_bytes, a.spill_load_bytes, a.spills) == ("k_a", 128, 16, 12, True)
     assert (b.name, b.registers, b.spills) == ("k_b", 32, False)
+
+
+def _exp_rows(tensor: str, shape: tuple[int, int], layout: list[tuple[str, str, list[int]]]) -> SGraph:
+    """exp of `tensor` (made by `layout`: library ops from the input X of `shape`), one block per 2 rows."""
+    b = SGraphBuilder([TensorDecl("X", shape, "f16")], "exp_rows")
+    for op, out, perm in layout:
+        b.library(op, "X", out=out, perm=perm)
+    rows = shape[0] if not layout else shape[1]
+    k = b.graph(grid=[("x", rows // 2)])
+    k.output(k.acc(k.op("exp", k.input(tensor, [0], None))), "O", [0])
+    return b.build(["O"])
+
+
+def test_a_transpose_is_a_free_view_read_in_its_stored_layout():
+    """A library transpose launches nothing and moves nothing (`SGraph.views`); a kernel reading
+    the view pays for the runs of the stored tensor that its tiles touch: rows of 2 elements of
+    X (4-byte runs of 32-byte sectors) take 8 times the DRAM time of 1024-element rows, so the
+    kernel (which also writes its output, 16 MiB either way) takes (8 + 1) / (1 + 1) as long."""
+    h100 = TARGETS["h100"]
+    viewed = _exp_rows("XT", (1024, 8192), [("transpose", "XT", [1, 0])])
+    stored = _exp_rows("X", (8192, 1024), [])
+    assert viewed.views == {"XT": ("X", (1, 0))}
+    v, s = estimate(instantiate(viewed, {}, h100)), estimate(instantiate(stored, {}, h100))
+    assert (v.kernels[0].time_s, v.kernels[0].dram_bytes) == (0.0, 0)
+    assert v.kernels[1].dram_bytes == s.kernels[0].dram_bytes
+    body_v, body_s = (e.kernels[-1].time_s - h100.launch_overhead_s for e in (v, s))
+    assert body_v == pytest.approx(4.5 * body_s, rel=0.05)
+
+
+def test_a_reshape_of_a_transposed_view_is_a_copy():
+    b = SGraphBuilder([TensorDecl("X", (64, 32), "f16")], "reshaped")
+    b.library("transpose", "X", out="XT", perm=[1, 0])
+    b.library("reshape", "XT", out="R", shape=[2048])
+    b.library("reshape", "X", out="S", shape=[2048])
+    sg = b.build(["R", "S"])
+    times = [k.time_s for k in estimate(instantiate(sg, {}, TARGETS["h100"])).kernels]
+    assert times[0] == times[2] == 0.0 and times[1] > TARGETS["h100"].launch_overhead_s
+    assert [is_free(sg, k) for k in sg.kernels] == [True, False, True]

@@ -4,6 +4,8 @@ and others), and the same sGraph rebound to the published shape compiles with nv
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from cuda_harness import runner
 from cuda_harness.cases import H100, param_choices
@@ -82,3 +84,26 @@ def test_search_winners_compile_for_sm90_at_published_shapes(searched):
             rows.append(f"{name:<15} {r.name:<35} {r.registers:>4} regs  spills {r.spill_store_bytes}/"
                         f"{r.spill_load_bytes}  params {params}")
     print("\n" + "\n".join(rows))
+
+
+@pytest.mark.skipif(runner.gxx() is None, reason="g++ is not on PATH: the CPU harness needs it")
+def test_a_kernel_reading_a_transposed_view_runs_correctly(searched_attention):
+    """Attention over K stored (batch, length, head dim): the winner's fused kernel reads K^T as
+    a view of K's memory (`SGraph.views`). Right in the CPU harness at every parameter choice;
+    wrong when the kernel reads the view as if it were stored transposed (a mutant)."""
+    program, outcome = searched_attention(False)
+    sg = outcome.best.sgraph
+    assert sg.views and any(set(sg.views) & set(k.tensor_inputs) for k in sg.kernels if isinstance(k, GraphKernel))
+    progs = [generate(instantiate(sg, params, H100)) for params in param_choices(sg)]
+    unaware = []
+    for params in param_choices(sg):
+        inst = instantiate(sg, params, H100)
+        inst.sgraph.__dict__["views"] = {}  # code generated as if K^T were a tensor of its own
+        unaware.append(replace(progs[len(unaware)], source=generate(inst).source))
+        del inst.sgraph.__dict__["views"]
+    runner.compile_all(progs + unaware)
+    for seed, (prog, broken) in enumerate(zip(progs, unaware, strict=True), start=11):
+        inputs = random_inputs(program, seed)
+        want = evaluate(program, inputs)[0]
+        assert max_rel_err(runner.run(prog, inputs)[0], want) <= dtype(program.dtype).tolerance
+        assert max_rel_err(runner.run(broken, inputs)[0], want) > 0.05

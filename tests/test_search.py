@@ -203,6 +203,43 @@ def test_a_free_view_kernel_after_a_fused_one_is_not_cut_by_the_bound(h100, monk
     assert exhaustive.best.sgraph.dumps() == outcome.best.sgraph.dumps()
 
 
+def test_a_transposed_input_is_read_in_place_as_fast_as_one_given_transposed(searched_attention):
+    """`Q @ transpose(K)` gets the kernels that `Q @ Kt` with Kt given transposed gets, as fast:
+    the transpose is a view (free) that the fused kernel reads in place, and the search sees it as
+    an input (`InputViews`), not as a kernel to fuse around."""
+    (_, natural), (_, given) = searched_attention(False), searched_attention(True)
+    assert natural.best.verdict.proved and not natural.stats.budget_exhausted
+    sg = natural.best.sgraph
+    view = sg.kernels[0]
+    assert isinstance(view, LibraryKernel) and view.op == "transpose" and view.inputs == ("K",)
+    assert sg.views == {view.output: ("K", (0, 2, 1))}
+    assert any(view.output in k.tensor_inputs for k in graph_kernels(sg))
+    assert natural.best.best.estimate.kernels[0].time_s == 0.0
+    assert [getattr(k, "op", "graph") for k in sg.kernels[1:]] == \
+        [getattr(k, "op", "graph") for k in given.best.sgraph.kernels]
+    assert natural.best.best.estimate.time_s == pytest.approx(given.best.best.estimate.time_s, rel=1e-9)
+    assert natural.stats.depth == given.stats.depth
+
+
+def test_input_views_fold_the_transposes_of_inputs_that_are_not_outputs():
+    from superopt.search.views import InputViews
+    from superopt.verifier.verify import verify
+
+    p = Program("views")
+    x, w = p.input("X", (8, 16), "f16"), p.input("W", (8, 16), "f16")
+    xt = p.op("transpose", x, name="XT", perm=[1, 0])
+    p.output(p.exp(xt) @ w, p.op("transpose", w, name="WT", perm=[1, 0]), p.transpose(x @ xt, (1, 0)))
+    views = InputViews(p)
+    assert [n.id for n in views.folded] == ["XT"]  # WT is an output; the last transposes a product
+    assert [(n.id, n.shape) for n in views.program.inputs] == [("X", (8, 16)), ("W", (8, 16)), ("XT", (16, 8))]
+    sg = views.unfold(unfused_baseline(views.program))
+    assert [t.id for t in sg.inputs] == ["X", "W"] and sg.kernels[0].op == "transpose"
+    assert verify(p, sg).proved
+    plain = Program("plain")
+    plain.output(plain.exp(plain.input("X", (4, 4), "f16")))
+    assert InputViews(plain).program is plain and InputViews(plain).unfold(unfused_baseline(plain)).kernels[0].op == "exp"
+
+
 def test_budget_returns_the_best_so_far(h100):
     program = workloads.resolve("gated_mlp:ci")
     outcome = run_search(program, h100, SearchConfig(), max_states=2)

@@ -9,6 +9,7 @@ function of the instance: the same instance gives byte-identical source.
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 
 from superopt.codegen.context import KernelContext, c_names
 from superopt.codegen.kernel import kernel_source
@@ -55,10 +56,9 @@ def generate(inst: Instance) -> CudaProgram:
     tensors = {t: TensorDecl(t, inst.shape(t), sg.info.dtypes[t]) for t in sg.info.shapes}
     dtypes = set(sg.info.dtypes.values())
     program = CudaProgram("", tuple(steps), tensors, tuple(t.id for t in sg.inputs), tuple(sg.outputs),
-                          dict(inst.values))
+                          dict(inst.values), dict(sg.views))
     parts = [_header(inst, program), prelude(dtypes, uses_wmma, "\n".join(bodies)), *bodies, _host_launchers(program)]
-    source = "\n".join(p for p in parts if p)
-    return CudaProgram(source, program.steps, tensors, program.inputs, program.outputs, dict(inst.values))
+    return replace(program, source="\n".join(p for p in parts if p))
 
 
 def _launch(inst: Instance, k: GraphKernel, name: str, smem: int, wmma: bool) -> KernelLaunch:
@@ -77,7 +77,8 @@ def describe_steps(program: CudaProgram) -> list[str]:
     for i, s in enumerate(program.steps, 1):
         if isinstance(s, LibraryCall):
             attrs = "".join(f", {a}={v}" for a, v in s.attrs.items())
-            lines.append(f"{i}. library {s.op}({', '.join(s.inputs)}{attrs}) -> {s.output}")
+            view = f"  [a view of {program.views[s.output][0]}: no copy]" if s.output in program.views else ""
+            lines.append(f"{i}. library {s.op}({', '.join(s.inputs)}{attrs}) -> {s.output}{view}")
         else:
             grid = ", ".join(map(str, s.grid))
             lines.append(f"{i}. {s.name}<<<({grid}), {s.block[0]}, {s.smem_bytes} B>>>({', '.join(s.args)})"
@@ -97,8 +98,9 @@ def _header(inst: Instance, program: CudaProgram) -> str:
         "launches, in order (grid, block threads, dynamic shared memory bytes; library kernels run on the host side):",
         *describe_steps(program),
         "",
-        "tensors (row-major, device pointers 16-byte aligned):",
-        *(f"{t.id} {t.shape} {t.dtype}" for t in program.tensors.values()),
+        "tensors (row-major, device pointers 16-byte aligned; a view reads its stored tensor's memory):",
+        *(f"{t.id} {t.shape} {t.dtype}" + (f" = view of {program.views[t.id][0]}, dims {list(program.views[t.id][1])}"
+                                           if t.id in program.views else "") for t in program.tensors.values()),
     ]
     return "/*\n" + "\n".join(_comment_safe(f" * {ln}".rstrip()) for ln in lines) + "\n */\n"
 

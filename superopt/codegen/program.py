@@ -84,6 +84,7 @@ class CudaProgram:
     inputs: tuple[str, ...]
     outputs: tuple[str, ...]
     params: Mapping[str, int] = field(default_factory=dict)
+    views: Mapping[str, tuple[str, tuple[int, ...]]] = field(default_factory=dict)  # `SGraph.views`: no buffer, no copy
 
     @property
     def launches(self) -> tuple[KernelLaunch, ...]:
@@ -95,4 +96,5 @@ class CudaProgram:
 
     def launch_json(self) -> list[dict[str, Any]]:
         """Per kernel, in order: what `Candidate.launch` holds."""
-        return [s.to_json() for s in self.steps]
+        return [{**s.to_json(), "view_of": self.views[s.output][0]}
+                if isinstance(s, LibraryCall) and s.output in self.views else s.to_json() for s in self.steps]

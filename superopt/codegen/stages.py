@@ -69,15 +69,10 @@ def _const_terms(terms: list[tuple[str, int]]) -> str:
 # -- device memory <-> shared memory ----------------------------------------------------------
 
 
-def load(ctx: KernelContext, inp: BlockInput) -> Stage:
-    """Copy an input tile into shared memory, cooperatively, in the widest aligned vectors."""
+def _tile_origin(ctx: KernelContext, inp: BlockInput, gst: tuple[int, ...]) -> list[tuple[str, int]]:
+    """The element offset of this block's and iteration's input tile, as (variable, stride) terms
+    over a tensor whose dims have element strides `gst`."""
     full = ctx.inst.shape(inp.tensor)
-    tile = ctx.tile(inp.id)
-    runs = tile_runs(tile, full)
-    eb = get_dtype(ctx.inst.sgraph.info.dtypes[inp.tensor]).nbytes
-    vb = vector_bytes(runs.run, eb)
-    per = vb // eb
-    gst = strides(full)
     terms: list[tuple[str, int]] = []
     for axis, g, d in zip(ctx.block.grid, ctx.grid, inp.imap, strict=True):
         if d is not None:
@@ -85,6 +80,21 @@ def load(ctx: KernelContext, inp: BlockInput) -> Stage:
     if inp.fmap is not None:
         split = math.prod(g for g, d in zip(ctx.grid, inp.imap, strict=True) if d == inp.fmap)
         terms.append((ctx.loop_var, full[inp.fmap] // (split * ctx.loop) * gst[inp.fmap]))
+    return terms
+
+
+def load(ctx: KernelContext, inp: BlockInput) -> Stage:
+    """Copy an input tile into shared memory, cooperatively, in the widest aligned vectors."""
+    if inp.tensor in ctx.inst.sgraph.views:
+        return _load_view(ctx, inp)
+    full = ctx.inst.shape(inp.tensor)
+    tile = ctx.tile(inp.id)
+    runs = tile_runs(tile, full)
+    eb = get_dtype(ctx.inst.sgraph.info.dtypes[inp.tensor]).nbytes
+    vb = vector_bytes(runs.run, eb)
+    per = vb // eb
+    gst = strides(full)
+    terms = _tile_origin(ctx, inp, gst)
     n_vec = math.prod(tile) // per
     vec_per_run = runs.run // per
     outer = Space.elements(tile[: runs.split_dim], "r")
@@ -105,6 +115,25 @@ def load(ctx: KernelContext, inp: BlockInput) -> Stage:
     what = f"{runs.rows} run(s) of {runs.run}, {vb}-byte copies"
     lines = ["{", f"  const int base = {_const_terms(terms)};", *indent(element_loop(n_vec, body, "v")), "}"]
     return _stage(f"load {inp.id} <- {inp.tensor} ({what})", lines, set(), {inp.id})
+
+
+def _load_view(ctx: KernelContext, inp: BlockInput) -> Stage:
+    """Copy a tile of a transposed view (`SGraph.views`) into shared memory, row-major in the
+    view's dim order, reading the stored tensor's memory: threads walk the tile in the stored
+    order (consecutive threads, consecutive addresses) and scatter into the tile."""
+    stored, perm = ctx.inst.sgraph.views[inp.tensor]
+    sst = strides(ctx.inst.shape(stored))
+    tile = ctx.tile(inp.id)
+    tst = strides(tile)
+    walk = Space.elements(tuple(tile[perm.index(d)] for d in range(len(perm))))
+    src = [f"{walk.coord(d)} * {sst[d]}" for d in range(len(perm)) if walk.shape[d] != 1]
+    dst = [f"{walk.coord(d)} * {tst[perm.index(d)]}" for d in range(len(perm)) if walk.shape[d] != 1]
+    copy = f"{ctx.smem(inp.id)}[{' + '.join(dst) or '0'}] = {ctx.gname(inp.tensor)}[{' + '.join(['base', *src])}];"
+    view_strides = tuple(sst[p] for p in perm)
+    lines = ["{", f"  const int base = {_const_terms(_tile_origin(ctx, inp, view_strides))};",
+             *indent(element_loop(math.prod(tile), [*walk.decls, copy])), "}"]
+    return _stage(f"load {inp.id} <- {inp.tensor} (a view of {stored}, dims {list(perm)}: element copies)",
+                  lines, set(), {inp.id})
 
 
 def store(ctx: KernelContext, out: BlockOutput) -> Stage:

@@ -25,8 +25,11 @@ class DeviceProgram:
             if isinstance(step, LibraryCall) and prog.tensors[step.output].dtype == "bf16":
                 raise RuntimeError(f"library kernel {step.kernel} ({step.op}) on bf16: CuPy has no bfloat16 arrays")
         self.buffers: dict[str, Any] = {
-            t.id: self.cp.empty(t.shape, dtype=STORAGE[t.dtype]) for t in prog.tensors.values()
+            t.id: self.cp.empty(t.shape, dtype=STORAGE[t.dtype])
+            for t in prog.tensors.values() if t.id not in prog.views
         }
+        for view, (stored, perm) in prog.views.items():  # views alias their stored tensor (no copy)
+            self.buffers[view] = self.buffers[stored].transpose(perm)
 
     def set_inputs(self, inputs: Mapping[str, np.ndarray]) -> None:
         for name in self.prog.inputs:
@@ -36,7 +39,7 @@ class DeviceProgram:
         """Fill every computed tensor with all-ones bytes (NaN in f16, bf16 and f32), so an element
         no kernel writes can never pass a comparison."""
         for name, buf in self.buffers.items():
-            if name not in self.prog.inputs:
+            if name not in self.prog.inputs and name not in self.prog.views:
                 buf.reshape(-1).view(self.cp.uint8).fill(0xFF)
 
     def run(self) -> None:
@@ -44,6 +47,8 @@ class DeviceProgram:
         b = self.buffers
         for step in self.prog.steps:
             if isinstance(step, LibraryCall):
+                if step.output in self.prog.views:
+                    continue
                 self.library(step, [b[i] for i in step.inputs], b[step.output])
             else:
                 self.functions[step.name](step.grid, step.block, tuple(b[t] for t in step.args),

@@ -101,8 +101,9 @@ def _launch(binary: Path, launch: KernelLaunch, prog: CudaProgram, values: dict[
         pad = GUARD + -(-nbytes // GUARD) * GUARD
         buf = np.full(2 * pad + nbytes, POISON, dtype=np.uint8)
         written = t in launch.outputs
-        if not written:
-            buf[pad : pad + nbytes] = encode(values[t], spec.dtype).view(np.uint8).reshape(-1)
+        if not written:  # a view's bytes are its stored tensor's, in that tensor's order
+            stored = prog.views[t][0] if t in prog.views else t
+            buf[pad : pad + nbytes] = encode(values[stored], spec.dtype).view(np.uint8).reshape(-1)
         path = d / f"{launch.name}.{j}.bin"
         path.write_bytes(buf.tobytes())
         files[t] = (path, pad, nbytes)
