@@ -1,10 +1,12 @@
-"""Transposed program inputs, searched as inputs of their own.
+"""Transposed and reshaped program inputs, searched as inputs of their own.
 
-A transpose is a view (`SGraph.views`): whatever reads it reads the stored tensor in place, with
-permuted strides. So `Q @ transpose(K)` costs what `Q @ Kt` costs with `Kt` given transposed, and
-the search should find the same kernels for both, as shallow. It runs on the program with each
-transposed input in its place as an input (`InputViews.program`), and every candidate gets the
-views back (`InputViews.unfold`) before it is ranked and verified against the program itself.
+Both are views: a transpose is read in place with permuted strides (`SGraph.views`), a reshape of
+a stored tensor is the same memory. So `Q @ transpose(K)` costs what `Q @ Kt` costs with `Kt`
+given transposed, and the search should find the same kernels for both, as shallow (and a
+reshaped input's dims should be the program's dims, which the search's dim classes cannot follow
+through a reshape). It runs on the program with each such view of an input in its place as an
+input (`InputViews.program`), and every candidate gets the views back (`InputViews.unfold`)
+before it is ranked and verified against the program itself.
 """
 
 from __future__ import annotations
@@ -14,27 +16,29 @@ from dataclasses import dataclass, field
 from superopt.program import Node, Program
 from superopt.sgraph import LibraryKernel, SGraph, TensorDecl
 
+VIEWS = ("transpose", "reshape")  # ops whose result, over a program input, is a view of it
+
 
 @dataclass(frozen=True)
 class InputViews:
     original: Program
-    program: Program = field(init=False)  # what is searched: folded transposes are inputs
-    folded: tuple[Node, ...] = field(init=False)  # the transposes of inputs, in program order
+    program: Program = field(init=False)  # what is searched: the folded views are inputs
+    folded: tuple[Node, ...] = field(init=False)  # the views of inputs, in program order
 
     def __post_init__(self) -> None:
         p = self.original
         names = {n.id for n in p.inputs}
         folded = tuple(n for n in p.topological()
-                       if n.op == "transpose" and n.inputs[0] in names and n.id not in p.outputs)
+                       if n.op in VIEWS and n.inputs[0] in names and n.id not in p.outputs)
         object.__setattr__(self, "folded", folded)
         object.__setattr__(self, "program", _fold(p, folded) if folded else p)
 
     def unfold(self, sg: SGraph) -> SGraph:
-        """A schedule of the searched program as one of the original: the folded transposes first,
-        as library kernels (views, free), over the original inputs."""
+        """A schedule of the searched program as one of the original: the folded views first, as
+        library kernels (free), over the original inputs."""
         if not self.folded:
             return sg
-        views = tuple(LibraryKernel(f"view{i}", "transpose", n.inputs, dict(n.attrs), n.id)
+        views = tuple(LibraryKernel(f"view{i}", n.op, n.inputs, dict(n.attrs), n.id)
                       for i, n in enumerate(self.folded))
         decls = tuple(TensorDecl(n.id, n.shape, n.dtype or "f32") for n in self.original.inputs)
         return SGraph(decls, (*views, *sg.kernels), sg.outputs, sg.name)
