@@ -235,6 +235,19 @@ def test_a_reshaped_input_is_read_in_place_by_a_fused_kernel(h100):
     assert outcome.best.best.estimate.kernels[0].time_s == 0.0
 
 
+def test_a_transpose_between_ops_becomes_a_view_of_the_fused_kernels_output(h100):
+    """exp(transpose(X @ W)) is the transpose of exp(X @ W) (the e-graph's transpose rules): one
+    fused kernel, then a free view of its output; not a matmul, a copy and an exp."""
+    p = Program("transposed_between")
+    x, w = p.input("X", (64, 512), "f16"), p.input("W", (512, 256), "f16")
+    p.output(p.exp(p.transpose(x @ w, (1, 0))))
+    outcome = run_search(p, h100, SearchConfig())
+    sg = outcome.best.sgraph
+    assert [getattr(k, "op", "graph") for k in sg.kernels] == ["graph", "transpose"]
+    assert sg.views == {sg.outputs[0]: (sg.kernels[0].outputs[0], (1, 0))}
+    assert outcome.best.verdict.proved and outcome.best.verdict.egraph == "proved"
+
+
 def test_input_views_fold_the_transposes_of_inputs_that_are_not_outputs():
     from superopt.search.views import InputViews
     from superopt.verifier.verify import verify

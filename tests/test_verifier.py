@@ -319,6 +319,32 @@ def _split_k_sgraph(p: Program, kind: str) -> SGraph:
     return b.build(["O"])
 
 
+def _transposed_program() -> Program:
+    """Every elementwise op of transposed operands (both, or one and a constant on either side)."""
+    p = Program("transposed")
+    xt, yt = (p.transpose(p.input(n, (6, 4), "f32"), (1, 0)) for n in ("X", "Y"))
+    u = p.relu(p.sqrt(p.exp(-xt)))
+    v = ((xt + yt) * (xt - yt)) / yt
+    w = (((u * 2.0) + 3.0) - 1.0) / 5.0
+    p.output(p.op("add", v + w, (2.0 - xt) * (3.0 / xt), name="O"))
+    return p
+
+
+def _transposed_sgraph(p: Program) -> SGraph:
+    """The same ops on X and Y as stored, in one kernel; its output transposed (a view)."""
+    b = SGraphBuilder.for_program(p)
+    k = b.graph(grid=[("x", "gx")])
+    x, y = k.input("X", [0], None), k.input("Y", [0], None)
+    c = {v: k.op("const", value=v) for v in (1.0, 2.0, 3.0, 5.0)}
+    u = k.op("relu", k.op("sqrt", k.op("exp", k.op("neg", x))))
+    v = k.op("div", k.op("mul", k.op("add", x, y), k.op("sub", x, y)), y)
+    w = k.op("div", k.op("sub", k.op("add", k.op("mul", u, c[2.0]), c[3.0]), c[1.0]), c[5.0])
+    z = k.op("mul", k.op("sub", c[2.0], x), k.op("div", c[3.0], x))
+    k.output(k.acc(k.op("add", k.op("add", v, w), z)), "OT", [0])
+    b.library("transpose", "OT", out="O", perm=[1, 0])
+    return b.build(["O"])
+
+
 TARGETED = {
     "split-K, then a matmul on the right of each chunk": (lambda: _split_k_program("left"),
                                                           lambda p: _split_k_sgraph(p, "left")),
@@ -335,6 +361,8 @@ TARGETED = {
     "negated operands of a matmul": (_negated_matmul_program, _negated_matmul_sgraph),
     "a swapped difference and a scale on the other operand": (_swapped_difference_program,
                                                                _swapped_difference_sgraph),
+    "elementwise ops of transposed operands, the kernel's output transposed": (_transposed_program,
+                                                                              _transposed_sgraph),
     "row sums of negated values, negated after or before the loop": (
         lambda: _negated_rows_program("sum"), lambda p: _negated_rows_sgraph(p, "sum")),
     "row means of negated values, negated after or before the loop": (
@@ -348,6 +376,19 @@ def test_targeted_schedule_is_proved(what):
     p = make_program()
     v = verify(p, make_sgraph(p))
     assert v.proved, v.layers
+
+
+def test_a_transposed_value_is_not_proved_equal_to_the_value():
+    """The transpose rules move a transpose outward, never drop it: exp(X) of a square X and the
+    transpose of a kernel's exp(X) have one shape, and the e-graph still tells them apart."""
+    p = Program("square")
+    p.output(p.op("exp", p.input("X", (4, 4), "f32"), name="O"))
+    b = SGraphBuilder.for_program(p)
+    k = b.graph(grid=[("x", "gx")])
+    k.output(k.acc(k.op("exp", k.input("X", [0], None))), "E", [0])
+    b.library("transpose", "E", out="O", perm=[1, 0])
+    rhs, axes = lower_sgraph(b.build(["O"]))
+    assert not prove(list(zip(lower_program(p), rhs, strict=True)), axes).proved
 
 
 def test_every_rule_is_exercised_by_a_proof():

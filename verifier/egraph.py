@@ -37,7 +37,7 @@ from egglog import (
 from egglog import eq as egg_eq
 
 from superopt.verifier.rules import RULES, Rule
-from superopt.verifier.terms import SIGNATURES, AxisVar, ConstVar, DimVar, Node, Term, Var
+from superopt.verifier.terms import SIGNATURES, AxisVar, ConstVar, DimVar, Node, PermVar, Term, Var
 
 
 class T(Expr):
@@ -90,7 +90,7 @@ class _Converter:
         if isinstance(p, DimVar):
             v = self._var(p.name, i64)
             return v + p.offset if p.offset else v
-        if isinstance(p, AxisVar):
+        if isinstance(p, AxisVar | PermVar):
             return self._var(p.name, String)
         if isinstance(p, ConstVar):
             return self._var(p.name, f64)

@@ -19,12 +19,13 @@ import numpy as np
 
 from superopt.verifier import terms as t
 from superopt.verifier.term_eval import Bindings
-from superopt.verifier.terms import AxisVar, ConstVar, DimVar, Term, Var
+from superopt.verifier.terms import AxisVar, ConstVar, DimVar, PermVar, Term, Var
 
 A, B, E, S = Var("A"), Var("B"), Var("E"), Var("S")
 d, d2 = DimVar("d"), DimVar("d2")
 a, b = AxisVar("a"), AxisVar("b")
 c = ConstVar("c")
+p = PermVar("p")
 
 # A side condition: ("indep", tensor var, axis var) | ("ne_dim", d, d2) | ("le_dim", d, int)
 # | ("ne_axis", a, b) | ("lt_dim", d, d2)
@@ -222,6 +223,29 @@ def _binary_rules() -> list[Rule]:
     return out
 
 
+def _ex_transposed(rng: np.random.Generator) -> Bindings:
+    """Positive tensors (sqrt, division) of one shape and a random permutation of its dims."""
+    perm = ",".join(map(str, rng.permutation(3)))
+    return Bindings(tensors={n: np.abs(_rand(rng, 2, 3, 4)) + 0.5 for n in ("A", "B")}, perms={"p": perm},
+                    consts={"c": float(rng.uniform(0.5, 2.0))})
+
+
+def _transpose_rules() -> list[Rule]:
+    """Elementwise ops of transposed operands are the transpose of the op (a kernel may compute
+    the op and leave the transpose to a view of its output)."""
+    out = [Rule(f"transpose-{op}", t.unary(op, t.transpose(A, p)), t.transpose(t.unary(op, A), p), (),
+                _ex_transposed) for op in t.ELEMENTWISE_UNARY]
+    for op in t.ELEMENTWISE_BINARY:
+        out.append(Rule(f"transpose-{op}", t.binary(op, t.transpose(A, p), t.transpose(B, p)),
+                        t.transpose(t.binary(op, A, B), p), (), _ex_transposed))
+        out.append(Rule(f"transpose-{op}-const-right", t.binary(op, t.transpose(A, p), t.const(c)),
+                        t.transpose(t.binary(op, A, t.const(c)), p), (), _ex_transposed))
+        if op in ("sub", "div"):  # add and mul reach the left-hand form by commutativity
+            out.append(Rule(f"transpose-{op}-const-left", t.binary(op, t.const(c), t.transpose(A, p)),
+                            t.transpose(t.binary(op, t.const(c), A), p), (), _ex_transposed))
+    return out
+
+
 RULES: list[Rule] = [
     # -- layout -----------------------------------------------------------------------------
     Rule("part-commute", t.part(t.part(E, d, a), d2, b), t.part(t.part(E, d2, b), d, a), (("ne_dim", d, d2),),
@@ -244,6 +268,7 @@ RULES: list[Rule] = [
       for op in t.ELEMENTWISE_UNARY],
     *[Rule(f"part-{op}-other-dim", t.reduce(op, t.part(E, d, a), d2), t.part(t.reduce(op, E, d2), d, a),
            (("ne_dim", d, d2),), _ex_reduce_other, ("a",)) for op in t.REDUCTIONS],
+    *_transpose_rules(),
     # -- matmul -----------------------------------------------------------------------------
     Rule("matmul-rows", t.matmul(t.part(A, -2, a), B), t.part(t.matmul(A, B), -2, a), (), _ex_matmul("rows"), ("a",)),
     Rule("matmul-cols", t.matmul(A, t.part(B, -1, a)), t.part(t.matmul(A, B), -1, a), (), _ex_matmul("cols"), ("a",)),

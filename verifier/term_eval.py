@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from superopt.verifier.terms import AxisVar, ConstVar, DimVar, Term, Var
+from superopt.verifier.terms import AxisVar, ConstVar, DimVar, PermVar, Term, Var
 
 TensorValue = np.ndarray | Callable[[Mapping[str, int]], np.ndarray]
 
@@ -24,6 +24,7 @@ class Bindings:
     dims: dict[str, int] = field(default_factory=dict)
     axes: dict[str, str] = field(default_factory=dict)  # AxisVar name -> axis name
     consts: dict[str, float] = field(default_factory=dict)
+    perms: dict[str, str] = field(default_factory=dict)  # PermVar name -> permutation text ("1,0")
     sizes: dict[str, int] = field(default_factory=dict)  # axis name -> size
 
 
@@ -38,6 +39,8 @@ def _param(p: object, b: Bindings) -> object:
         return b.axes[p.name]
     if isinstance(p, ConstVar):
         return b.consts[p.name]
+    if isinstance(p, PermVar):
+        return b.perms[p.name]
     return p
 
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Union
 
-Param = Union[int, float, str, "DimVar", "AxisVar", "ConstVar"]
+Param = Union[int, float, str, "DimVar", "AxisVar", "ConstVar", "PermVar"]
 
 
 @dataclass(frozen=True)
@@ -54,6 +54,16 @@ class AxisVar:
 
 @dataclass(frozen=True)
 class ConstVar:
+    name: str
+
+    def __str__(self) -> str:
+        return self.name
+
+
+@dataclass(frozen=True)
+class PermVar:
+    """A transpose's permutation in a pattern (its text, as the lowering writes it)."""
+
     name: str
 
     def __str__(self) -> str:
@@ -131,6 +141,10 @@ def squeeze(a: Term, d: int | DimVar) -> Node:
 
 def matmul(a: Term, b: Term) -> Node:
     return node("matmul", a, b)
+
+
+def transpose(a: Term, perm: str | PermVar) -> Node:
+    return node("transpose", a, params=(perm,))
 
 
 def part(a: Term, d: int | DimVar, axis: str | AxisVar) -> Node:
