@@ -56,7 +56,9 @@ Body = tuple[tuple[int, tuple[int, ...], int], int, tuple[Step, ...]]
 COMMUTATIVE = ("add", "mul")  # binary ops generated with their older operand first only
 UNIT = -1  # the class of a size-1 dim: broadcasts against anything, never split
 MAX_ACCUMULATORS = 3  # per block graph, as in Mirage's generator
-MAX_OUTPUTS = 2  # per block graph (flash decoding writes partial numerators and denominators)
+# Values a block graph writes: flash decoding writes partial numerators and denominators; a
+# program returning more values may write them all from one kernel (`Generator.max_outputs`).
+MAX_OUTPUTS = 2
 SPLIT_WIDTH = 4  # a loop-body walk in parts deals out the first level this many times wider than parts
 POST_ENTRIES = 1 << 16  # accumulator signatures whose post-loop graphs are kept (`_posts`)
 BODY_CACHE_ENTRIES = 4  # block spaces whose accumulated loop bodies are kept (least recently used go)
@@ -175,6 +177,7 @@ class Generator:
     # The symbolic search's `resolve` offers every block graph without a loop, which makes an
     # empty loop body redundant (see _with_accumulators); a concrete search fixed its loop first.
     no_loop_tilings: bool = True
+    max_outputs: int = MAX_OUTPUTS  # values a block graph may write
     alg: AbstractAlgebra = field(init=False)  # the oracle's (it knows the program's constant factors)
 
     def __post_init__(self) -> None:
@@ -590,10 +593,10 @@ class Generator:
         left = s.nops
         if op != "acc":
             # Tiles nothing reads must be accumulated (body, at most MAX_ACCUMULATORS) or written
-            # (post-loop, at most MAX_OUTPUTS); each further op lowers their number by at most one.
+            # (post-loop, at most `max_outputs`); each further op lowers their number by at most one.
             left += 1
             sinks = 1 + sum(1 for k, t in enumerate(s.tiles) if t.phase == phase and k not in used)
-            if left + max(0, sinks - (MAX_ACCUMULATORS if phase == 0 else MAX_OUTPUTS)) > self.max_ops:
+            if left + max(0, sinks - (MAX_ACCUMULATORS if phase == 0 else self.max_outputs)) > self.max_ops:
                 self.pruned += 1
                 return None
         tile = Tile(op, args, attrs, phase, dims, ae, pdims, consts=consts, aid=aid, vid=vid, fid=fid,
@@ -763,14 +766,13 @@ class Generator:
         return result
 
     # -- completeness ----------------------------------------------------------------------------
-    @staticmethod
-    def complete(s: BlockState) -> bool:
+    def complete(self, s: BlockState) -> bool:
         if not any(t.op == "acc" for t in s.tiles):
             return False
         for k, t in enumerate(s.tiles):
             if t.phase == 0 and k not in s.used:
                 return False
-        return sum(1 for k, t in enumerate(s.tiles) if t.phase == 1 and k not in s.used) <= MAX_OUTPUTS
+        return sum(1 for k, t in enumerate(s.tiles) if t.phase == 1 and k not in s.used) <= self.max_outputs
 
 
 def _signature(s: BlockState, first: int) -> tuple[Any, ...]:

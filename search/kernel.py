@@ -141,7 +141,8 @@ class KernelSearch:
         self._digests: ObjectCache[Kernel, bytes] = ObjectCache(4096)  # kernel -> `_digest`
         self._inputs = random_inputs(self.program)  # small random program inputs for `_fingerprint`
         self._gen = Generator(self.space, self.oracle, self.config.max_block_ops, on_state=self._tick,
-                              no_loop_tilings=not self.config.concrete)
+                              no_loop_tilings=not self.config.concrete,
+                              max_outputs=max(MAX_OUTPUTS, len(self.program.outputs)))
         self._alg = self.oracle.alg
         self._outputs = [self.program.nodes[o] for o in self.program.outputs]
         classes = dim_classes(self.program)
@@ -330,7 +331,7 @@ class KernelSearch:
 
     def _program_parts(self) -> list[list[Node]]:
         """The program's ops cut greedily into consecutive runs of at most `max_block_ops` ops, at
-        most `max_block_inputs` tensors read from outside and at most `MAX_OUTPUTS` values read
+        most `max_block_inputs` tensors read from outside and at most `Generator.max_outputs` values read
         after them (or returned), each of which nothing in its own run reads (a block graph writes
         its sinks); one run when the program fits one kernel, none when it cannot be cut."""
         ops_ = [n for n in self.program.topological() if n.op not in ("input", "const")]
@@ -353,7 +354,8 @@ class KernelSearch:
         read_later = {i for n in after for i in n.inputs} | set(self.program.outputs)
         outputs = [n for n in nodes if n.id in read_later]
         read_here = {i for n in nodes for i in n.inputs}
-        return (len(outside) <= self.config.max_block_inputs and 1 <= len(outputs) <= MAX_OUTPUTS
+        assert self._gen is not None
+        return (len(outside) <= self.config.max_block_inputs and 1 <= len(outputs) <= self._gen.max_outputs
                 and not any(n.id in read_here and n.id not in self.program.outputs for n in outputs))
 
     def _part_moves(self, s: KState, nodes: list[Node]) -> Iterator[KState]:

@@ -45,21 +45,37 @@ def test_search_winner_runs_correctly_in_the_cpu_harness(searched, name):
             assert err <= dtype(program.dtype).tolerance, (name, params, err)
 
 
-@pytest.mark.skipif(runner.gxx() is None, reason="g++ is not on PATH: the CPU harness needs it")
-def test_a_kernel_writing_a_value_it_also_computes_from_runs_correctly(h100):
-    """A residual sum returned with its rms_norm: the searched kernel writes both (the sum is an
-    accumulator the body also reads), and both come out right in the CPU harness."""
+def _residual_rmsnorm() -> Program:
+    """A residual sum returned with its rms_norm."""
     p = Program("add_rmsnorm")
     h = p.op("add", p.input("X", (4, 64), "f16"), p.input("R", (4, 64), "f16"))
     p.output(h, p.rms_norm(h, -1))
+    return p
+
+
+def _exp_sum_scaled() -> Program:
+    """Three values of exp(X): itself, its row sums and its product with X."""
+    p = Program("exp_sum_scaled")
+    x = p.input("X", (8, 32), "f16")
+    e = p.exp(x)
+    p.output(e, p.sum(e, 1, keepdim=True), e * x)
+    return p
+
+
+@pytest.mark.skipif(runner.gxx() is None, reason="g++ is not on PATH: the CPU harness needs it")
+@pytest.mark.parametrize("make", [_residual_rmsnorm, _exp_sum_scaled])
+def test_a_kernel_writing_every_value_the_program_returns_runs_correctly(h100, make):
+    """One searched kernel writes every output, values the body also reads from included (the
+    residual sum is an accumulator its rms_norm reads); all come out right in the CPU harness."""
+    p = make()
     sg = run_search(p, h100, SearchConfig()).best.sgraph
-    assert len(sg.kernels) == 1 and len(sg.kernels[0].outputs) == 2
+    assert len(sg.kernels) == 1 and len(sg.kernels[0].outputs) == len(p.outputs)
     progs = [(params, generate(instantiate(sg, params, H100))) for params in param_choices(sg)]
     runner.compile_all([prog for _, prog in progs])
     for seed, (params, prog) in enumerate(progs, start=11):
         inputs = random_inputs(p, seed)
         outs = runner.run(prog, inputs)
-        assert len(outs) == 2
+        assert len(outs) == len(p.outputs)
         for got, want in zip(outs, evaluate(p, inputs), strict=True):
             assert max_rel_err(got, want) <= dtype("f16").tolerance, params
 
