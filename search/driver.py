@@ -50,7 +50,7 @@ from superopt.search.block import Body
 from superopt.search.instantiation import Ranked, rank
 from superopt.search.kernel import MIDDLES, BudgetExhausted, FirstChoice, FirstKernel, KernelSearch, KState
 from superopt.search.space import space_of
-from superopt.search.views import InputViews
+from superopt.search.views import ProgramViews
 from superopt.sgraph import SGraph
 from superopt.targets import Target
 from superopt.verifier.oracle import Oracle
@@ -137,8 +137,8 @@ class Searcher:
                  decided: dict[str, Verified | str | list[Ranked]] | None = None) -> None:
         self.program, self.target, self.config = program, target, config
         self.on_verified = on_verified  # told of each verified candidate as it is found
-        # The search sees transposed inputs as inputs; its candidates get the views back here.
-        self.views = InputViews(program)
+        # The search leaves out views at the program's edges; its candidates get them back here.
+        self.views = ProgramViews(program)
         searched = self.views.program
         self.search = KernelSearch(searched, space_of(searched), Oracle(searched), config, on_state=on_state,
                                    target=target)

@@ -1,12 +1,16 @@
-"""Transposed and reshaped program inputs, searched as inputs of their own.
+"""Views at a program's edges (transposes and reshapes of its inputs and of its outputs), left
+out of the program the search sees.
 
-Both are views: a transpose is read in place with permuted strides (`SGraph.views`), a reshape of
-a stored tensor is the same memory. So `Q @ transpose(K)` costs what `Q @ Kt` costs with `Kt`
+Both ops are views: a transpose is read in place with permuted strides (`SGraph.views`), a reshape
+of a stored tensor is the same memory. So `Q @ transpose(K)` costs what `Q @ Kt` costs with `Kt`
 given transposed, and the search should find the same kernels for both, as shallow (and a
 reshaped input's dims should be the program's dims, which the search's dim classes cannot follow
-through a reshape). It runs on the program with each such view of an input in its place as an
-input (`InputViews.program`), and every candidate gets the views back (`InputViews.unfold`)
-before it is ranked and verified against the program itself.
+through a reshape); likewise an output returned transposed costs what the value itself costs. The
+search runs on the program with each view of an input in its place as an input, and each output
+that is a view of a computed value replaced by that value (`ProgramViews.program`); every
+candidate gets the views back (`ProgramViews.unfold`) before it is ranked and verified against
+the program itself. A view kernel launches nothing, so leaving it out costs the search no schedule
+worth having, and its kernel count (and launch bounds) no level.
 """
 
 from __future__ import annotations
@@ -16,45 +20,70 @@ from dataclasses import dataclass, field
 from superopt.program import Node, Program
 from superopt.sgraph import LibraryKernel, SGraph, TensorDecl
 
-VIEWS = ("transpose", "reshape")  # ops whose result, over a program input, is a view of it
+VIEWS = ("transpose", "reshape")  # ops whose result, over a stored tensor, is a view of it
 
 
 @dataclass(frozen=True)
-class InputViews:
+class ProgramViews:
     original: Program
-    program: Program = field(init=False)  # what is searched: the folded views are inputs
-    folded: tuple[Node, ...] = field(init=False)  # the views of inputs, in program order
+    program: Program = field(init=False)  # what is searched: the folded views left out
+    inputs: tuple[Node, ...] = field(init=False)  # views of inputs, which the searched program takes as inputs
+    outputs: tuple[tuple[int, Node], ...] = field(init=False)  # (output position, view of a computed value)
 
     def __post_init__(self) -> None:
         p = self.original
         names = {n.id for n in p.inputs}
-        folded = tuple(n for n in p.topological()
-                       if n.op in VIEWS and n.inputs[0] in names and n.id not in p.outputs)
-        object.__setattr__(self, "folded", folded)
-        object.__setattr__(self, "program", _fold(p, folded) if folded else p)
+        read = {i for n in p.topological() for i in n.inputs}
+        inputs = tuple(n for n in p.topological() if n.op in VIEWS and n.inputs[0] in names and n.id not in p.outputs)
+        stored = names | {n.id for n in inputs} | {n.id for n in p.topological() if n.op == "const"}
+        outputs = tuple((i, n) for i, o in enumerate(p.outputs) if (n := p.nodes[o]).op in VIEWS and o not in read
+                        and n.inputs[0] not in stored and n.inputs[0] not in p.outputs)
+        if len({n.inputs[0] for _, n in outputs}) < len(outputs):
+            outputs = ()  # two views of one value returned: the searched program would return it twice
+        object.__setattr__(self, "inputs", inputs)
+        object.__setattr__(self, "outputs", outputs)
+        object.__setattr__(self, "program", _fold(p, inputs, outputs) if inputs or outputs else p)
 
     def unfold(self, sg: SGraph) -> SGraph:
-        """A schedule of the searched program as one of the original: the folded views first, as
-        library kernels (free), over the original inputs."""
-        if not self.folded:
+        """A schedule of the searched program as one of the original: views of inputs first, views
+        of outputs last, as library kernels (free), over the original inputs."""
+        if not (self.inputs or self.outputs):
             return sg
-        views = tuple(LibraryKernel(f"view{i}", n.op, n.inputs, dict(n.attrs), n.id)
-                      for i, n in enumerate(self.folded))
+        first = tuple(LibraryKernel(f"view{i}", n.op, n.inputs, dict(n.attrs), n.id) for i, n in enumerate(self.inputs))
+        defined = {t.id for t in self.original.inputs} | {n.id for n in self.inputs} | \
+            {o for k in sg.kernels for o in k.outputs}
+        outputs = list(sg.outputs)
+        last = []
+        for i, n in self.outputs:
+            name = n.id if n.id not in defined else _fresh(n.id, defined)
+            defined.add(name)
+            last.append(LibraryKernel(f"view_out{i}", n.op, (outputs[i],), dict(n.attrs), name))
+            outputs[i] = name
         decls = tuple(TensorDecl(n.id, n.shape, n.dtype or "f32") for n in self.original.inputs)
-        return SGraph(decls, (*views, *sg.kernels), sg.outputs, sg.name)
+        return SGraph(decls, (*first, *sg.kernels, *last), tuple(outputs), sg.name)
 
 
-def _fold(p: Program, folded: tuple[Node, ...]) -> Program:
-    gone = {n.id for n in folded}
-    read = {i for n in p.topological() if n.id not in gone for i in n.inputs} | set(p.outputs)
+def _fresh(name: str, taken: set[str]) -> str:
+    k = 1
+    while f"{name}_{k}" in taken:
+        k += 1
+    return f"{name}_{k}"
+
+
+def _fold(p: Program, inputs: tuple[Node, ...], outputs: tuple[tuple[int, Node], ...]) -> Program:
+    gone = {n.id for n in inputs} | {n.id for _, n in outputs}
+    returned = list(p.outputs)
+    for i, n in outputs:
+        returned[i] = n.inputs[0]
+    read = {i for n in p.topological() if n.id not in gone for i in n.inputs} | set(returned)
     q = Program(p.name)
     for n in p.inputs:
         if n.id in read:
             q.input(n.id, n.shape, n.dtype or "f32")
-    for n in folded:
+    for n in inputs:
         q.input(n.id, n.shape, p.nodes[n.inputs[0]].dtype or "f32")
     for n in p.topological():
         if n.op != "input" and n.id not in gone:
             q.nodes[n.id] = n
-    q.outputs = list(p.outputs)
+    q.outputs = returned
     return q.validate()

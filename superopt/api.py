@@ -176,14 +176,14 @@ def _reuse_is_complete(
     a kernel that pays no launch.) Asked of the ranked ones before any is proved: the proved
     ones are among them, so if they cannot stand, neither can the proved."""
     from superopt.search.space import space_of
-    from superopt.search.views import InputViews
+    from superopt.search.views import ProgramViews
 
     if not any(not sg.name.endswith(".unfused") for sg, _ in timed):
         return False
     if depth >= config.max_kernel_ops:
         return True
     best = min(time_s for _, time_s in timed)
-    launches = space_of(InputViews(program).program).launches(depth + 1)  # the program searched
+    launches = space_of(ProgramViews(program).program).launches(depth + 1)  # the program searched
     return best <= costmodel.floor(program, target).time_s + launches * target.launch_overhead_s
 
 

@@ -16,6 +16,7 @@ from superopt.api import optimize
 from superopt.build import SGraphBuilder, unfused_baseline
 from superopt.cli import app
 from superopt.config import SearchConfig
+from superopt.program import Tensor
 from superopt.search.block import Generator, InputSpec
 from superopt.search.driver import FULL_COLLECTION_AFTER, Searcher, Shard, run_search
 from superopt.search.fingerprint import fingerprint, random_inputs
@@ -206,7 +207,7 @@ def test_a_free_view_kernel_after_a_fused_one_is_not_cut_by_the_bound(h100, monk
 def test_a_transposed_input_is_read_in_place_as_fast_as_one_given_transposed(searched_attention):
     """`Q @ transpose(K)` gets the kernels that `Q @ Kt` with Kt given transposed gets, as fast:
     the transpose is a view (free) that the fused kernel reads in place, and the search sees it as
-    an input (`InputViews`), not as a kernel to fuse around."""
+    an input (`ProgramViews`), not as a kernel to fuse around."""
     (_, natural), (_, given) = searched_attention(False), searched_attention(True)
     assert natural.best.verdict.proved and not natural.stats.budget_exhausted
     sg = natural.best.sgraph
@@ -248,23 +249,51 @@ def test_a_transpose_between_ops_becomes_a_view_of_the_fused_kernels_output(h100
     assert outcome.best.verdict.proved and outcome.best.verdict.egraph == "proved"
 
 
-def test_input_views_fold_the_transposes_of_inputs_that_are_not_outputs():
-    from superopt.search.views import InputViews
+def test_views_at_the_edges_are_left_out_of_the_searched_program():
+    """Views of inputs become inputs and views returned become the values they view, except a
+    view returned of an input (nothing to compute) or of a value returned too; unfolded, the
+    searched program's schedule is one of the program's, proved."""
+    from superopt.search.views import ProgramViews
     from superopt.verifier.verify import verify
 
     p = Program("views")
     x, w = p.input("X", (8, 16), "f16"), p.input("W", (8, 16), "f16")
     xt = p.op("transpose", x, name="XT", perm=[1, 0])
-    p.output(p.exp(xt) @ w, p.op("transpose", w, name="WT", perm=[1, 0]), p.transpose(x @ xt, (1, 0)))
-    views = InputViews(p)
-    assert [n.id for n in views.folded] == ["XT"]  # WT is an output; the last transposes a product
+    y = p.op("matmul", x, xt, name="Y")
+    p.output(p.exp(xt) @ w, p.op("transpose", w, name="WT", perm=[1, 0]),
+             p.op("reshape", p.exp(y), name="R", shape=[4, 16]))
+    views = ProgramViews(p)
+    assert [n.id for n in views.inputs] == ["XT"] and [(i, n.id) for i, n in views.outputs] == [(2, "R")]
     assert [(n.id, n.shape) for n in views.program.inputs] == [("X", (8, 16)), ("W", (8, 16)), ("XT", (16, 8))]
+    searched = views.program.outputs
+    assert searched[1] == "WT" and views.program.nodes[searched[2]].op == "exp"
     sg = views.unfold(unfused_baseline(views.program))
-    assert [t.id for t in sg.inputs] == ["X", "W"] and sg.kernels[0].op == "transpose"
+    assert [t.id for t in sg.inputs] == ["X", "W"]
+    assert (sg.kernels[0].op, sg.kernels[-1].op, sg.outputs[2]) == ("transpose", "reshape", "R")
     assert verify(p, sg).proved
+    twice = Program("twice")
+    e = twice.exp(twice.input("X", (4, 8), "f16"))
+    twice.output(twice.transpose(e, (1, 0)), twice.reshape(e, (8, 4)))
+    assert ProgramViews(twice).program is twice  # both would return e
     plain = Program("plain")
     plain.output(plain.exp(plain.input("X", (4, 4), "f16")))
-    assert InputViews(plain).program is plain and InputViews(plain).unfold(unfused_baseline(plain)).kernels[0].op == "exp"
+    assert ProgramViews(plain).program is plain and ProgramViews(plain).unfold(unfused_baseline(plain)).kernels[0].op == "exp"
+
+
+def test_a_returned_transpose_costs_the_search_nothing(searched_attention, h100):
+    """Attention whose output is returned transposed (heads before rows, as a layout change):
+    the search sees the value itself, so it finds the same kernels with the same states, and a
+    free view of the result; launches still bound its depth (the view is not in its program)."""
+    program, plain = searched_attention(False)
+    p = Program("attention_t")
+    p.nodes = dict(program.nodes)
+    p.output(p.transpose(Tensor(p, program.outputs[0]), (1, 0, 2)))
+    outcome = run_search(p, h100, SearchConfig())
+    sg = outcome.best.sgraph
+    assert sg.kernels[-1].op == "transpose" and sg.views[sg.outputs[0]] == (sg.kernels[-1].inputs[0], (1, 0, 2))
+    assert [k.id for k in sg.kernels[:-1]] == [k.id for k in plain.best.sgraph.kernels]
+    assert outcome.best.verdict.proved and outcome.stats.states == plain.stats.states
+    assert outcome.best.best.estimate.time_s == pytest.approx(plain.best.best.estimate.time_s, rel=1e-9)
 
 
 def test_budget_returns_the_best_so_far(h100):
