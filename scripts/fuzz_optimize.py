@@ -11,7 +11,7 @@ dtype, programs defined only at negative inputs, unfusable negations, unprovable
 differences.
 
     .venv/bin/python scripts/fuzz_optimize.py [--seed 1] [--count 30] [--budget-s 20] [--json out/fuzz.json]
-        [--intermediate-outputs]
+        [--intermediate-outputs] [--layouts]
 """
 
 from __future__ import annotations
@@ -32,15 +32,22 @@ UNARY = ["exp", "sqrt", "silu", "relu", "neg", "square", "sigmoid", "gelu", "rsq
 BINARY = ["add", "mul", "sub", "div"]
 
 
-def random_program(rng: random.Random, intermediate: bool = False) -> Program:
+def random_program(rng: random.Random, intermediate: bool = False, layouts: bool = False) -> Program:
     """A random program; `intermediate` sometimes returns the value fed to the product too (the
-    draws before it are unchanged, so each seed's other programs stay the same)."""
+    draws before it are unchanged, so each seed's other programs stay the same); `layouts`
+    sometimes stores W transposed (read as transpose(W)) and returns the result transposed
+    (drawn apart, leaving the other draws as they were)."""
     p = Program(f"fuzz{rng.randrange(10**6)}")
     dtype = rng.choice(["f16", "f16", "bf16", "f32"])
     n, d, e = rng.choice([(4, 8, 6), (2, 16, 8), (8, 4, 12), (16, 32, 8)])
     batch = (2,) if rng.random() < 0.3 else ()
+    layout = random.Random(f"{p.name}-layout")
+    w_stored_transposed = layouts and layout.random() < 0.5
+    out_transposed = layouts and layout.random() < 0.4
+    swap = (*range(len(batch)), len(batch) + 1, len(batch))  # the last two dims exchanged
     x = p.input("X", (*batch, n, d), dtype)
-    w = p.input("W", (*batch, d, e), dtype)
+    w = p.transpose(p.input("W", (*batch, e, d), dtype), swap) if w_stored_transposed else \
+        p.input("W", (*batch, d, e), dtype)
     t: Tensor = x
     for _ in range(rng.randrange(0, 4)):
         r = rng.random()
@@ -67,7 +74,7 @@ def random_program(rng: random.Random, intermediate: bool = False) -> Program:
         out = p.rms_norm(out, -1)
     if intermediate and not extra and t is not x and rng.random() < 0.5:
         extra = [t]
-    p.output(out, *extra)
+    p.output(p.transpose(out, swap) if out_transposed else out, *extra)
     return p
 
 
@@ -98,12 +105,15 @@ def main() -> None:
     ap.add_argument("--json", default="out/fuzz.json")
     ap.add_argument("--intermediate-outputs", action="store_true",
                     help="sometimes return the product's left operand as well (a value the kernel also computes from)")
+    ap.add_argument("--layouts", action="store_true",
+                    help="sometimes store W transposed and return the result transposed (views)")
     args = ap.parse_args()
     rows = []
     with tempfile.TemporaryDirectory() as cache:  # kept sGraphs of throwaway programs go nowhere
         os.environ["SUPEROPT_CACHE_DIR"] = cache
         for i in range(args.count):
-            row = run(random_program(random.Random(args.seed * 1000 + i), args.intermediate_outputs), args.budget_s)
+            program = random_program(random.Random(args.seed * 1000 + i), args.intermediate_outputs, args.layouts)
+            row = run(program, args.budget_s)
             rows.append(row)
             detail = row.get("error") or f"{row['kernels']} kernels, x{row['speedup']}"
             print(f"{i:3d} {row['verdict']:10s} {row['seconds']:6.1f} s  {detail}  {' '.join(row['ops'])}", flush=True)
