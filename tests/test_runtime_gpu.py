@@ -80,6 +80,26 @@ def test_a_kernel_reading_a_transposed_view_matches_the_reference_on_gpu(searche
     check(program, _device_program(generate(instantiate(unfused_baseline(program), {}, H100))), seed=3)
 
 
+def test_reshapes_and_transposes_run_in_place_on_gpu(h100):
+    """A reshape of a stored tensor and a transpose alias it (no buffer, no launch); a reshape of a
+    transposed view is a copy. The unfused baseline and the searched winner of a program with all
+    three match the reference, and the baseline launches only its exp, mul and copy."""
+    from superopt.config import SearchConfig
+    from superopt.program import Program
+    from superopt.runtime.measure import check
+    from superopt.search.driver import run_search
+
+    p = Program("layouts")
+    x, y = p.input("X", (8, 32), "f16"), p.input("Y", (16, 16), "f16")
+    e = p.exp(p.reshape(x, (16, 16))) * y
+    p.output(p.reshape(p.transpose(e, (1, 0)), (8, 32)), p.reshape(e, (256,)))
+    baseline = _device_program(generate(instantiate(unfused_baseline(p), {}, H100)))
+    assert baseline.launches == 3
+    check(p, baseline, seed=1)
+    sg = run_search(p, h100, SearchConfig()).best.sgraph
+    check(p, _device_program(generate(instantiate(sg, best_params(sg, H100), H100))), seed=2)
+
+
 def test_unwritten_output_elements_fail_the_check():
     """A kernel that skips the last element of every block's output tile leaves poison (NaN)."""
     from superopt.runtime.measure import IncorrectKernel, check

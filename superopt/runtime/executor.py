@@ -24,12 +24,28 @@ class DeviceProgram:
         for step in prog.steps:
             if isinstance(step, LibraryCall) and prog.tensors[step.output].dtype == "bf16":
                 raise RuntimeError(f"library kernel {step.kernel} ({step.op}) on bf16: CuPy has no bfloat16 arrays")
-        self.buffers: dict[str, Any] = {
-            t.id: self.cp.empty(t.shape, dtype=STORAGE[t.dtype])
-            for t in prog.tensors.values() if t.id not in prog.views
-        }
-        for view, (stored, perm) in prog.views.items():  # views alias their stored tensor (no copy)
-            self.buffers[view] = self.buffers[stored].transpose(perm)
+        # Views alias their stored tensor (no buffer, no copy), and so does a reshape of a
+        # contiguous tensor; a reshape of a transposed view is a copy, run like any library kernel.
+        self.aliases: set[str] = set(prog.views)
+        for step in prog.steps:
+            if isinstance(step, LibraryCall) and step.op == "reshape" and step.inputs[0] not in prog.views:
+                self.aliases.add(step.output)
+        self.buffers: dict[str, Any] = {}
+        for t in prog.tensors.values():
+            if t.id not in self.aliases:
+                self.buffers[t.id] = self.cp.empty(t.shape, dtype=STORAGE[t.dtype])
+        for step in prog.steps:  # in order: a reshape may alias an alias
+            if isinstance(step, LibraryCall) and step.output in self.aliases:
+                stored, perm = prog.views.get(step.output, (step.inputs[0], None))
+                base = self.buffers[stored]
+                shape = prog.tensors[step.output].shape
+                self.buffers[step.output] = base.transpose(perm) if perm else base.reshape(shape)
+
+    @property
+    def launches(self) -> int:
+        """Kernels a run launches: every step but constants (launch arguments) and aliases."""
+        return sum(1 for s in self.prog.steps if not (isinstance(s, LibraryCall) and
+                                                       (s.op == "const" or s.output in self.aliases)))
 
     def set_inputs(self, inputs: Mapping[str, np.ndarray]) -> None:
         for name in self.prog.inputs:
@@ -39,7 +55,7 @@ class DeviceProgram:
         """Fill every computed tensor with all-ones bytes (NaN in f16, bf16 and f32), so an element
         no kernel writes can never pass a comparison."""
         for name, buf in self.buffers.items():
-            if name not in self.prog.inputs and name not in self.prog.views:
+            if name not in self.prog.inputs and name not in self.aliases:
                 buf.reshape(-1).view(self.cp.uint8).fill(0xFF)
 
     def run(self) -> None:
@@ -47,7 +63,7 @@ class DeviceProgram:
         b = self.buffers
         for step in self.prog.steps:
             if isinstance(step, LibraryCall):
-                if step.output in self.prog.views:
+                if step.output in self.aliases:
                     continue
                 self.library(step, [b[i] for i in step.inputs], b[step.output])
             else:

@@ -73,9 +73,7 @@ def measure_program(program: Program, prog: CudaProgram, name: str, seed: int = 
     dev = DeviceProgram(prog)
     err = check(program, dev, seed)
     median, fastest = benchmark(dev, n_repeat, n_warmup)
-    return Measurement(name, median, fastest, n_repeat, err, get_dtype(program.dtype).tolerance,
-                       sum(1 for s in prog.steps if getattr(s, "op", None) != "const" and
-                           getattr(s, "output", None) not in prog.views))
+    return Measurement(name, median, fastest, n_repeat, err, get_dtype(program.dtype).tolerance, dev.launches)
 
 
 def measure(program: Program, sg: SGraph, params: dict[str, int], target: Target, seed: int = 0,
