@@ -124,7 +124,7 @@ def random_inputs(program: Program, seed: int) -> dict[str, np.ndarray]:
 
     Each input gets its own scale in [0.5, 1] and a small offset, so that normalizations and
     means are not accidentally near identities; an input used as the right operand of a matmul
-    (itself, or transposed or reshaped into it) is further scaled by 1/sqrt(contraction length),
+    (itself, or transposed, reshaped or multiplied into it) is further scaled by 1/sqrt(contraction length),
     which keeps attention logits of order one (exp without a max subtraction stays inside f16
     even summed over thousands of keys). Values are rounded to the input's dtype so every layer
     sees exactly representable numbers.
@@ -136,7 +136,9 @@ def random_inputs(program: Program, seed: int) -> dict[str, np.ndarray]:
             continue
         right = program.nodes[n.inputs[1]]
         leaf = right
-        while leaf.op in ("transpose", "reshape"):  # a layout of an input scales that input
+        # A layout of an input scales that input; a product, its left operand (its right one is
+        # scaled for its own contraction): K = X @ Wk read as transpose(K) scales X.
+        while leaf.op in ("transpose", "reshape", "matmul"):
             leaf = program.nodes[leaf.inputs[0]]
         if leaf.op == "input":
             scale[leaf.id] = min(scale[leaf.id], 1.0 / np.sqrt(right.shape[-2]))

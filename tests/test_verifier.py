@@ -17,7 +17,7 @@ from superopt.dimclasses import input_classes
 from superopt.instantiate import instantiate
 from superopt.interpreter import run_float
 from superopt.mutations import mutants
-from superopt.reference import evaluate, max_rel_err, random_inputs
+from superopt.reference import evaluate, max_rel_err, random_inputs, undefined_node
 from superopt.search.driver import run_search
 from superopt.sgraph import SGraph, TensorDecl, rebind
 from superopt.targets import TARGETS
@@ -688,3 +688,31 @@ def test_reach_holds_what_a_kernel_can_compute_from_what_it_reads():
     reach = oracle.reach.of({s: frozenset(values["S"][1])})
     assert reach[t_] == frozenset(values["T"][1]) and len(values["S"][1]) == 2 and len(reach[t_]) == 1
     assert t_ not in oracle.reach.of({_class_of(oracle, values, "X"): frozenset(values["X"][1])})
+
+
+def _attention_with_k(kind: str) -> Program:
+    """Unscaled attention logits Q @ K^T (no max subtracted), K given transposed, stored as
+    frameworks keep it, or projected from X first."""
+    p = Program(f"attention_{kind}")
+    q, v = p.input("Q", (2, 256, 64), "f16"), p.input("V", (2, 4096, 64), "f16")
+    if kind == "given":
+        kt = p.input("K", (2, 64, 4096), "f16")
+    elif kind == "stored":
+        kt = p.transpose(p.input("K", (2, 4096, 64), "f16"), (0, 2, 1))
+    else:
+        k = p.input("X", (2, 4096, 64), "f16") @ p.input("WK", (2, 64, 64), "f16")
+        kt = p.transpose(k, (0, 2, 1))
+    e = p.exp(q @ kt)
+    p.output(p.matmul(e / p.sum(e, -1, keepdim=True), v))
+    return p
+
+
+@pytest.mark.parametrize("kind", ["given", "stored", "projected"])
+def test_check_inputs_keep_attention_logits_inside_f16(kind):
+    """The float layer's inputs scale whatever feeds a product's right operand, however it is
+    laid out or computed, by 1/sqrt(contraction): exp of the logits stays finite in f16, so the
+    program (and its unfused baseline) can be checked at all. K stored or projected got unscaled
+    inputs, exp overflowed, and no schedule, the baseline included, passed (NoCandidate)."""
+    p = _attention_with_k(kind)
+    assert undefined_node(p) is None
+    assert verify(p, unfused_baseline(p)).proved
