@@ -708,7 +708,10 @@ class Generator:
         one repeats part of it), or it contains an existing tile's expression without being built
         from that tile while one op of the space builds it from that tile (`_one_op_from`): that
         schedule, reusing the value, is generated too. (Without such an op, as for rsqrt(X) beside
-        sqrt(X) when the program divides nothing, computing it again is the only way.)"""
+        sqrt(X) when the program divides nothing, computing it again is the only way.) A unary op
+        of the operand an existing unary op reads is not refused for lying inside it (sigmoid(X)
+        beside silu(X)): the existing one is whole, and rebuilding it from the new one takes ops
+        (a product with X) the space may not have; when it has them, that schedule comes too."""
         ancestors = set(args)
         stack = list(args)
         while stack:
@@ -719,7 +722,8 @@ class Generator:
         for k, t in enumerate(s.tiles):
             if t.phase != phase or t.op == "input" or k in ancestors:
                 continue
-            if self._inside(aid, t.aid) or (self._inside(t.aid, aid) and self._one_op_from(s, k, aid)):
+            if (self._inside(aid, t.aid) and not (len(args) == 1 and t.args == args)) or \
+                    (self._inside(t.aid, aid) and self._one_op_from(s, k, aid)):
                 return True
         return False
 

@@ -420,12 +420,14 @@ def test_a_program_too_large_for_one_kernel_is_cut_into_fused_parts_at_once(h100
     assert KernelSearch(small, space_of(small), Oracle(small), SearchConfig(), target=h100).program_split() == []
 
 
-@pytest.mark.parametrize("first,second", [("sqrt", "rsqrt"), ("square", "gelu"), ("neg", "sigmoid")])
+@pytest.mark.parametrize("first,second", [("sqrt", "rsqrt"), ("square", "gelu"), ("neg", "sigmoid"),
+                                          ("silu", "sigmoid"), ("sigmoid", "silu")])
 def test_two_ops_on_one_tensor_fuse_when_one_contains_the_other(h100, first, second):
     """rsqrt(X) is 1 / sqrt(X) to the prover: beside a sqrt(X) tile it contains that tile's value
     without being built from it. That is a recomputation only when one op of the space builds it
     from the tile; with no division in the program, computing it from X is the only way (found by
-    probing optimize: these programs got two kernels)."""
+    probing optimize: these programs got two kernels). Likewise sigmoid(X) lies inside silu(X)
+    (X * sigmoid(X)), which the space cannot rebuild from it without a product."""
     p = Program("pair")
     x = p.input("X", (8, 16), "f32")
     p.output(p.op("add", p.op(first, x), p.op(second, x)))
