@@ -55,7 +55,7 @@ from superopt.search.space import Space
 from superopt.sgraph import GraphKernel, Kernel, LibraryKernel, SGraph, SGraphError, TensorDecl, analyze
 from superopt.sizes import Size
 from superopt.targets import Target
-from superopt.verifier.oracle import AE, C, Oracle, abstract_program
+from superopt.verifier.oracle import AE, RESHAPED, C, Oracle, abstract_program
 
 
 @dataclass(frozen=True)
@@ -657,8 +657,7 @@ class KernelSearch:
         """Program outputs no tensor of `s` matches yet."""
         return [
             i for i, node in enumerate(self._outputs)
-            if not any(t.chunk is None and t.shape == node.size_shape and self.oracle.equivalent(t.ae, i)
-                       for t in s.tensors)
+            if not any(t.chunk is None and self._is_output(t.ae, t.shape, t.classes, i) for t in s.tensors)
         ]
 
     def _unused(self, s: KState) -> list[int]:
@@ -667,8 +666,7 @@ class KernelSearch:
         early, it saves whole searches of the last kernel over the program's raw inputs)."""
         read = {i for k in s.kernels for i in k.tensor_inputs}
         return [n for n, t in enumerate(s.tensors) if n >= len(self.program.inputs) and t.id not in read and not any(
-            t.chunk is None and t.shape == node.size_shape and self.oracle.equivalent(t.ae, i)
-            for i, node in enumerate(self._outputs))]
+            t.chunk is None and self._is_output(t.ae, t.shape, t.classes, i) for i in range(len(self._outputs)))]
 
     def _inputs_of(self, outputs: list[int]) -> set[str]:
         return set().union(*(self._target_leaves[i] for i in outputs))
@@ -861,11 +859,16 @@ class KernelSearch:
             for i in missing
         )
 
-    def _completes(self, missing: list[int], new: Sequence[tuple[AE, tuple[Size, ...]]]) -> bool:
-        return all(
-            any(shape == self._outputs[i].size_shape and self.oracle.equivalent(ae, i) for ae, shape in new)
-            for i in missing
-        )
+    def _completes(self, missing: list[int], new: Sequence[tuple[AE, tuple[Size, ...], tuple[int, ...]]]) -> bool:
+        return all(any(self._is_output(ae, shape, classes, i) for ae, shape, classes in new) for i in missing)
+
+    def _is_output(self, ae: AE, shape: tuple[Size, ...], classes: tuple[int, ...], i: int) -> bool:
+        """Does a tensor hold program output i: its expression, shape and dim classes? (A transpose
+        keeps the expression, and a square one the shape; a reshape's dims have no class to compare.)"""
+        wanted = self._output_classes[i]
+        return shape == self._outputs[i].size_shape and all(
+            RESHAPED in (p, c) or _same_classes((p,), (c,)) for p, c in zip(classes, wanted, strict=True)
+        ) and self.oracle.equivalent(ae, i)
 
     def _library_moves(self, s: KState, final: bool, rereads: bool | None = None) -> Iterator[KState]:
         usable = [i for i, t in enumerate(s.tensors) if t.chunk is None]
@@ -890,10 +893,10 @@ class KernelSearch:
                         continue
                     operands = [(s.tensors[a].ae, s.tensors[a].classes) for a in args]
                     ae, classes = apply(self._alg, op, operands, attrs, [])
-                    if not self.oracle.contains(ae) or self._repeats(s, ae, shape, None):
+                    if not self.oracle.contains(ae) or self._repeats(s, ae, shape, None, classes):
                         self.pruned += 1
                         continue
-                    if final and not self._completes(missing, [(ae, shape)]):
+                    if final and not self._completes(missing, [(ae, shape, classes)]):
                         self.pruned += 1
                         continue
                     kid = f"k{len(s.kernels)}"
@@ -957,7 +960,7 @@ class KernelSearch:
                         for tid, tile, chunk in res.outputs:
                             shape = _output_shape(block, tile, chunk)
                             t = block.tiles[tile]
-                            if self._repeats(s, t.ae, shape, chunk):
+                            if self._repeats(s, t.ae, shape, chunk, t.pdims):
                                 break
                             new.append(KTensor(tid, shape, t.ae, t.pdims, chunk))
                         else:
@@ -983,9 +986,9 @@ class KernelSearch:
                 shapes = _kernel_shapes(self.program, s, res.kernel)
                 new = [KTensor(tid, shapes[tid], block.tiles[tile].ae, block.tiles[tile].pdims, chunk)
                        for tid, tile, chunk in res.outputs]
-                if any(self._repeats(s, t.ae, t.shape, t.chunk) for t in new):
+                if any(self._repeats(s, t.ae, t.shape, t.chunk, t.classes) for t in new):
                     continue
-                if final and not self._completes(missing, [(t.ae, t.shape) for t in new if t.chunk is None]):
+                if final and not self._completes(missing, [(t.ae, t.shape, t.classes) for t in new if t.chunk is None]):
                     continue
                 key = (max(subset), subset, 1, _signature(res.kernel))
                 if key > s.last_key:
@@ -1026,17 +1029,20 @@ class KernelSearch:
             self._tick()
             yield state
 
-    def _repeats(self, s: KState, ae: AE, shape: tuple[Size, ...], chunk: Chunk | None) -> bool:
-        return any(t.ae == ae and t.shape == shape and t.chunk == chunk for t in s.tensors)
+    def _repeats(self, s: KState, ae: AE, shape: tuple[Size, ...], chunk: Chunk | None,
+                 classes: tuple[int, ...]) -> bool:
+        """Does a tensor of the state hold this value already? Same expression, shape, chunking
+        and dim classes: a transpose keeps the expression (and a square one the shape) but not
+        the classes."""
+        return any(t.ae == ae and t.shape == shape and t.chunk == chunk and t.classes == classes for t in s.tensors)
 
     # -- candidates ------------------------------------------------------------------------------
     def _candidate(self, s: KState) -> SGraph | None:
         chosen: list[str] = []
-        for i, node in enumerate(self._outputs):
-            want = node.size_shape
+        for i in range(len(self._outputs)):
             match = next(
                 (t for t in reversed(s.tensors)
-                 if t.chunk is None and t.shape == want and t.id not in chosen and self.oracle.equivalent(t.ae, i)),
+                 if t.chunk is None and t.id not in chosen and self._is_output(t.ae, t.shape, t.classes, i)),
                 None,
             )
             if match is None or match.id in {n.id for n in self.program.inputs}:

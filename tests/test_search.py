@@ -236,11 +236,14 @@ def test_a_reshaped_input_is_read_in_place_by_a_fused_kernel(h100):
     assert outcome.best.best.estimate.kernels[0].time_s == 0.0
 
 
-def test_a_transpose_between_ops_becomes_a_view_of_the_fused_kernels_output(h100):
+@pytest.mark.parametrize("cols", [256, 64])
+def test_a_transpose_between_ops_becomes_a_view_of_the_fused_kernels_output(h100, cols):
     """exp(transpose(X @ W)) is the transpose of exp(X @ W) (the e-graph's transpose rules): one
-    fused kernel, then a free view of its output; not a matmul, a copy and an exp."""
+    fused kernel, then a free view of its output; not a matmul, a copy and an exp. Also when the
+    product is square: its transpose has the shape and expression of the product itself, but not
+    its dim classes, so it is not cut as a repeat (`KernelSearch._repeats`)."""
     p = Program("transposed_between")
-    x, w = p.input("X", (64, 512), "f16"), p.input("W", (512, 256), "f16")
+    x, w = p.input("X", (64, 512), "f16"), p.input("W", (512, cols), "f16")
     p.output(p.exp(p.transpose(x @ w, (1, 0))))
     outcome = run_search(p, h100, SearchConfig())
     sg = outcome.best.sgraph
