@@ -586,7 +586,8 @@ class Generator:
         # A constant the abstract value absorbs (one the program lacks) scales a value without
         # making another: fingerprints keep that rule, so scaled copies stay duplicates.
         fid = tiles[0].fid if op == "acc" or (consts and aid == tiles[0].aid) else self._fid(op, tiles, attrs, consts)
-        if self._holds(s, vid, fid, phase, classes, dims) or (op != "acc" and self._recomputes(s, args, aid, phase)):
+        if self._holds(s, vid, fid, phase, classes, dims) or \
+                (op != "acc" and self._recomputes(s, op, args, aid, phase)):
             self.pruned += 1
             return None  # recomputes an existing tile
         used = s.used.union(args)
@@ -702,8 +703,8 @@ class Generator:
             self._vids.append(n if eclass is None else self._vid_of_class.setdefault(eclass, n))
         return self._vids[aid]
 
-    def _recomputes(self, s: BlockState, args: tuple[int, ...], aid: int, phase: int) -> bool:
-        """Would a new tile (reading `args`, of expression `aid`) recompute a value the block
+    def _recomputes(self, s: BlockState, op: str, args: tuple[int, ...], aid: int, phase: int) -> bool:
+        """Would a new tile (op `op` reading `args`, of expression `aid`) recompute a value the block
         already has? Either an existing tile of its phase already contains the expression (the new
         one repeats part of it), or it contains an existing tile's expression without being built
         from that tile while one op of the space builds it from that tile (`_one_op_from`): that
@@ -722,7 +723,7 @@ class Generator:
         for k, t in enumerate(s.tiles):
             if t.phase != phase or t.op == "input" or k in ancestors:
                 continue
-            if (self._inside(aid, t.aid) and not (len(args) == 1 and t.args == args)) or \
+            if (self._inside(aid, t.aid) and not (op in ops.UNARY and t.op in ops.UNARY and t.args == args)) or \
                     (self._inside(t.aid, aid) and self._one_op_from(s, k, aid)):
                 return True
         return False

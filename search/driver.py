@@ -141,7 +141,7 @@ class Searcher:
         self.views = ProgramViews(program)
         searched = self.views.program
         self.search = KernelSearch(searched, space_of(searched), Oracle(searched), config, on_state=on_state,
-                                   target=target)
+                                   target=target, views=self.views)
         # candidate text -> its verification, why it was dropped, or its ranking (not verified yet);
         # shared with a probe's searcher (`run_search`): neither depends on the search bounds
         self.decided: dict[str, Verified | str | list[Ranked]] = {} if decided is None else decided

@@ -52,6 +52,7 @@ from superopt.search.block import (
 )
 from superopt.search.fingerprint import fingerprint, random_inputs
 from superopt.search.space import Space
+from superopt.search.views import ProgramViews
 from superopt.sgraph import GraphKernel, Kernel, LibraryKernel, SGraph, SGraphError, TensorDecl, analyze
 from superopt.sizes import Size
 from superopt.targets import Target
@@ -128,6 +129,7 @@ class KernelSearch:
     launch_s: float = field(init=False, default=0.0)
     bounded: int = 0  # graphs cut by the bound (they might win at another shape)
     keep: int = 1  # first kernels kept per computation (`undominated`): the driver's contenders
+    views: ProgramViews | None = None  # the views the searched program leaves out (estimates read them as stored)
     _gen: Generator | None = None
 
     def __post_init__(self) -> None:
@@ -524,9 +526,13 @@ class KernelSearch:
         is not known."""
         read = set().union(*(k.tensor_inputs for k in s.kernels))
         produced = [o for k in s.kernels for o in k.outputs]
-        decls = tuple(TensorDecl(n.id, n.shape, n.dtype or "f32") for n in self.program.inputs if n.id in read)
+        stored, views = self.views.input_kernels(read) if self.views is not None else ([], [])
+        decls = {d.id: d for d in stored}  # a view of an input is read in the input's layout
+        decls.update((n.id, TensorDecl(n.id, n.shape, n.dtype or "f32")) for n in self.program.inputs
+                     if n.id in read and all(v.output != n.id for v in views))
         try:
-            sg = SGraph(decls, s.kernels, tuple(o for o in produced if o not in read), "prefix")
+            sg = SGraph(tuple(decls.values()), (*views, *s.kernels), tuple(o for o in produced if o not in read),
+                        "prefix")
             values = bounded_candidates(sg)
         except SGraphError:
             return None

@@ -39,7 +39,7 @@ class Space:
 
     def launches(self, kernels: int) -> int:
         """The fewest launches that many kernels pay: none when a library op of this space is free
-        (a reshape: a view), as each of them may be one."""
+        (a reshape or a transpose: a view), as each of them may be one."""
         return 0 if any(op in costmodel.FREE_OPS for op in self.library_ops) else kernels
 
 

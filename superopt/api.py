@@ -172,7 +172,7 @@ def _reuse_is_complete(
     this shape? The earlier search kept every kernel graph of up to `depth` kernels (its generic
     depth: no time bound of that shape cut any); deeper ones pay at least one more launch over the
     physical floor, and where shapes are larger (a bigger floor, so more room above it) they may
-    now win: then the program is searched again. (A program with a free op, a reshape, may grow
+    now win: then the program is searched again. (A searched program with a free op, a view, may grow
     a kernel that pays no launch.) Asked of the ranked ones before any is proved: the proved
     ones are among them, so if they cannot stand, neither can the proved."""
     from superopt.search.space import space_of

@@ -40,7 +40,7 @@ from superopt.assignments import candidates as divisor_candidates
 from superopt.dtypes import dtype as get_dtype
 from superopt.instantiate import Instance
 from superopt.program import Program
-from superopt.sgraph import GraphKernel, Kernel, LibraryKernel, SGraph
+from superopt.sgraph import GraphKernel, Kernel, LibraryKernel, SGraph, stored_order
 from superopt.targets import Target
 
 DRAM_LATENCY_S = 0.6e-6  # bytes in flight needed to saturate DRAM: bandwidth x this latency
@@ -223,7 +223,7 @@ def _stored_tile(inst: Instance, tensor: str, tile: tuple[Any, ...]) -> tuple[tu
     if tensor not in inst.sgraph.views:
         return tile, inst.shape(tensor)
     stored, perm = inst.sgraph.views[tensor]
-    return tuple(tile[perm.index(d)] for d in range(len(perm))), inst.shape(stored)
+    return stored_order(tile, perm), inst.shape(stored)
 
 
 def _sector_efficiency(tile: tuple[Any, ...], full: tuple[Any, ...], nbytes: int) -> Any:

@@ -145,6 +145,12 @@ class GraphKernel:
 Kernel = LibraryKernel | GraphKernel
 
 
+def stored_order(dims: Sequence[Any], perm: Sequence[int]) -> tuple[Any, ...]:
+    """Per-dim values of a view (`SGraph.views`: view dim i is stored dim perm[i]) in the order of
+    its stored tensor's dims: a view tile's extents as they lie in memory."""
+    return tuple(dims[list(perm).index(d)] for d in range(len(perm)))
+
+
 def _complete_attrs(op: str, attrs: Mapping[str, Any], where: str) -> Mapping[str, Any]:
     """Attributes with defaults filled in (unknown ops are left for `analyze` to report)."""
     if op not in ops.OPS:

@@ -283,6 +283,27 @@ def test_views_at_the_edges_are_left_out_of_the_searched_program():
     assert ProgramViews(plain).program is plain and ProgramViews(plain).unfold(unfused_baseline(plain)).kernels[0].op == "exp"
 
 
+def test_an_input_read_only_through_a_view_may_share_a_name_with_a_searched_tensor(h100):
+    """The searched program does not take an input read only through views; the search may name
+    a tensor of its own like it (`t0`), which unfolding renames instead of defining twice."""
+    p = Program("clash")
+    p.output(p.exp(p.transpose(p.input("t0", (8, 16), "f16"), (1, 0))))
+    outcome = run_search(p, h100, SearchConfig())
+    assert outcome.best.verdict.proved and [t.id for t in outcome.best.sgraph.inputs] == ["t0"]
+
+
+def test_the_search_estimates_a_kernel_reading_a_folded_view_in_its_stored_layout(searched_attention, h100):
+    """Kernels reading a transposed input are ranked (first kernels kept, floors) on the prefix
+    sGraph with the view in it, so the cost model sees the stored layout's runs, as it does when
+    the unfolded candidate is ranked."""
+    program, _ = searched_attention(False)
+    ks = Searcher(program, h100, SearchConfig()).search
+    kt = ks.views.inputs[0].id
+    first = next(st for st in ks._graph_moves(ks.initial(), False) if kt in st.kernels[0].tensor_inputs)
+    sg, _ = ks._prefix(first)
+    assert sg.views == {kt: ("K", (0, 2, 1))} and "K" in [t.id for t in sg.inputs]
+
+
 def test_a_returned_transpose_costs_the_search_nothing(searched_attention, h100):
     """Attention whose output is returned transposed (heads before rows, as a layout change):
     the search sees the value itself, so it finds the same kernels with the same states, and a

@@ -22,7 +22,7 @@ from superopt.codegen.program import THREADS_PER_BLOCK as THREADS
 from superopt.codegen.values import Space, Values
 from superopt.dtypes import dtype as get_dtype
 from superopt.ops import normalize_dim
-from superopt.sgraph import Accumulator, BlockInput, BlockOp, BlockOutput
+from superopt.sgraph import Accumulator, BlockInput, BlockOp, BlockOutput, stored_order
 
 WARP = 32
 # Row loops are unrolled a little for ILP, not fully: a fully unrolled first pass of a
@@ -125,9 +125,9 @@ def _load_view(ctx: KernelContext, inp: BlockInput) -> Stage:
     sst = strides(ctx.inst.shape(stored))
     tile = ctx.tile(inp.id)
     tst = strides(tile)
-    walk = Space.elements(tuple(tile[perm.index(d)] for d in range(len(perm))))
+    walk = Space.elements(stored_order(tile, perm))
     src = [f"{walk.coord(d)} * {sst[d]}" for d in range(len(perm)) if walk.shape[d] != 1]
-    dst = [f"{walk.coord(d)} * {tst[perm.index(d)]}" for d in range(len(perm)) if walk.shape[d] != 1]
+    dst = [f"{walk.coord(d)} * {st}" for d, st in enumerate(stored_order(tst, perm)) if walk.shape[d] != 1]
     copy = f"{ctx.smem(inp.id)}[{' + '.join(dst) or '0'}] = {ctx.gname(inp.tensor)}[{' + '.join(['base', *src])}];"
     view_strides = tuple(sst[p] for p in perm)
     lines = ["{", f"  const int base = {_const_terms(_tile_origin(ctx, inp, view_strides))};",

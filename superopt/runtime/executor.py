@@ -21,15 +21,16 @@ class DeviceProgram:
         self.prog = prog
         self.functions = kernel_functions(prog) if prog.launches else {}
         self.library = LibraryOps(self.cp)
-        for step in prog.steps:
-            if isinstance(step, LibraryCall) and prog.tensors[step.output].dtype == "bf16":
-                raise RuntimeError(f"library kernel {step.kernel} ({step.op}) on bf16: CuPy has no bfloat16 arrays")
         # Views alias their stored tensor (no buffer, no copy), and so does a reshape of a
         # contiguous tensor; a reshape of a transposed view is a copy, run like any library kernel.
         self.aliases: set[str] = set(prog.views)
         for step in prog.steps:
             if isinstance(step, LibraryCall) and step.op == "reshape" and step.inputs[0] not in prog.views:
                 self.aliases.add(step.output)
+        for step in prog.steps:  # aliases run no CuPy kernel
+            if isinstance(step, LibraryCall) and step.output not in self.aliases and \
+                    prog.tensors[step.output].dtype == "bf16":
+                raise RuntimeError(f"library kernel {step.kernel} ({step.op}) on bf16: CuPy has no bfloat16 arrays")
         self.buffers: dict[str, Any] = {}
         for t in prog.tensors.values():
             if t.id not in self.aliases:
