@@ -15,13 +15,16 @@ computation and cut.
 
 `resolve` then turns a complete block graph into graph kernels with concrete maps: grid axes
 split classes present in every output (all of them, up to three: an axis of size 1 is always
-available to the instantiation, so splitting more dominates splitting less), optionally one more
-axis splits a reduced class (its outputs become per-chunk partial results, merged by a later
-kernel whose loop is tied to that axis), and the loop walks a set of reduced classes. A per-axis
-linearity analysis keeps only tilings that compute the same values as the untiled block graph
-(a sum of per-tile partial sums is the sum; a product of partial sums is not) and chooses each
-accumulator: concat where the loop's class survives, sum or mean where it was reduced, mean for
-values the loop does not change.
+available to the instantiation, so splitting more dominates splitting less) or, side by side,
+one class of each output (the columns of X @ Wq and of X @ Wk), optionally one more axis splits
+a reduced class (its outputs become per-chunk partial results, merged by a later kernel whose
+loop is tied to that axis), and the loop walks a set of reduced classes. A per-axis linearity
+analysis keeps only tilings that compute the same values as the untiled block graph (a sum of
+per-tile partial sums is the sum; a product of partial sums is not) and chooses each
+accumulator: sum or mean where the loop's class was reduced, mean for values the loop does not
+change. (A value the loop splits is not accumulated: concatenating its slices, which the sGraph
+IR allows, splits what the grid splits better, and measured on the workloads it only cost
+states.)
 """
 
 from __future__ import annotations
@@ -29,13 +32,14 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from itertools import combinations
+from itertools import combinations, product
 from typing import Any, Generic, NamedTuple, TypeVar
 
 import numpy as np
 
 from superopt import ops
 from superopt.build import BlockBuilder
+from superopt.dimclasses import NO_CLASS
 from superopt.object_cache import BoundedDict, ObjectCache
 from superopt.primitives import apply
 from superopt.program import Node, Program
@@ -885,16 +889,16 @@ def _search_plans(s: BlockState, n_inputs: int, tied: bool, max_grid: int, parti
 
     status = _StatusMemo(s, root_dims)
 
-    def splits(c: int, want: tuple[str, ...]) -> bool:
-        """A grid axis may split class c: every tile stays computable and the outputs are `want`."""
-        st = status(frozenset({c}), is_loop=False)
+    def splits(axis: frozenset[int], want: tuple[str, ...]) -> bool:
+        """A grid axis may split these classes: every tile stays computable and the outputs are `want`."""
+        st = status(axis, is_loop=False)
         return st is not None and all(st[o] in want for o in outs)
 
-    # Dominance applies among the classes a grid axis can split: splitting all of them (an axis of
-    # size 1 stays available) covers every subset.
-    parallel = [c for c in sorted((in_all_outputs & input_classes) - tied_classes) if splits(c, (SPLIT,))]
+    parallel = [frozenset({c}) for c in sorted((in_all_outputs & input_classes) - tied_classes)
+                if splits(frozenset({c}), (SPLIT,))]
     reduced = sorted(input_classes - in_all_outputs - tied_classes)
-    splittable_reduced = [c for c in reduced if splits(c, (SUM, MEAN))]
+    parallel += [a for a in _side_by_side(s, root_dims, outs, set(reduced)) if splits(a, (SPLIT,))]
+    splittable_reduced = [c for c in reduced if splits(frozenset({c}), (SUM, MEAN))]
     loop_options: list[frozenset[int]]
     if tied:
         loop_options = [frozenset({-2})]  # the tied loop: walks the tied input dims
@@ -906,14 +910,56 @@ def _search_plans(s: BlockState, n_inputs: int, tied: bool, max_grid: int, parti
             room = max_grid - len(partial)
             if room < 0:
                 continue
-            grid_sets = [tuple(parallel)] if len(parallel) <= room else list(combinations(parallel, room))
-            for par in grid_sets:
+            for par in _widest(parallel, room):
                 if not par and not partial:
                     continue
-                axes = tuple((frozenset({c}), c in partial) for c in (*par, *partial))
+                axes = (*((a, False) for a in par), *((frozenset({c}), True) for c in partial))
                 plan = _plan(s, n_inputs, axes, loop, tied, root_dims, outs, status)
                 if plan is not None:
                     yield plan
+
+
+def _side_by_side(
+    s: BlockState, root_dims: list[tuple[int, ...]], outs: list[int], candidates: set[int],
+) -> list[frozenset[int]]:
+    """Grid axes over independent outputs side by side (X @ Wq and X @ Wk, split along their
+    columns by one axis: a fused projection): one class of each output, all of one size, none
+    of them in every output, each standing for a program dim class of one block input only (its
+    own weight's: what the search's floors assume, `KernelSearch._middle_own`)."""
+    cl = s.classes
+    owners: dict[int, int] = {}
+    for k, t in enumerate(s.tiles):
+        if t.op == "input":
+            for pc in {cl.program[c] for c in root_dims[k] if c != UNIT} - {NO_CLASS}:
+                owners[pc] = owners.get(pc, 0) + 1
+    own = {c for c in candidates if owners.get(cl.program[c]) == 1}
+    choices = [sorted({c for c in root_dims[o] if c in own}) for o in outs]
+    found: list[frozenset[int]] = []
+    for pick in product(*choices):
+        axis = frozenset(pick)
+        if len(axis) > 1 and len({cl.size[c] for c in axis}) == 1 and axis not in found:
+            found.append(axis)
+    return found
+
+
+def _widest(options: list[frozenset[int]], room: int) -> list[tuple[frozenset[int], ...]]:
+    """The sets of at most `room` grid axes, no two splitting one class, that no other option can
+    join: an axis of size 1 stays available to the instantiation, so splitting more dominates
+    splitting less. (In the order of `combinations` when the options are disjoint.)"""
+    found: list[tuple[frozenset[int], ...]] = []
+
+    def grow(chosen: tuple[frozenset[int], ...], i: int) -> None:
+        taken = frozenset().union(*chosen)
+        if i == len(options):
+            if len(chosen) == room or all(o & taken for o in options):
+                found.append(chosen)
+            return
+        if len(chosen) < room and not options[i] & taken:
+            grow((*chosen, options[i]), i + 1)
+        grow(chosen, i + 1)
+
+    grow((), 0)
+    return found
 
 
 def resolve_fixed(
@@ -1040,13 +1086,7 @@ def _plan(
             continue
         assert loop_status is not None
         st = loop_status[src]
-        if st == SPLIT and s.tiles[src].op == "input":
-            return None  # gathering a walked input whole just undoes the loop
-            dims = [d for d, c in enumerate(root_dims[src]) if c in loop]
-            if len(dims) != 1:
-                return None
-            acc_kind[k] = ("concat", dims[0])
-        elif st in (SUM, MEAN):
+        if st in (SUM, MEAN):
             acc_kind[k] = (st, None)
         elif st == NONE:
             acc_kind[k] = ("mean", None)

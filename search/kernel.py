@@ -28,7 +28,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
-from itertools import combinations
+from itertools import combinations, product
 from typing import Any
 
 from superopt import costmodel, ops
@@ -645,15 +645,23 @@ class KernelSearch:
         key = (read, tuple(missing), loop, more_inputs)
         hit = self._whole_floors.get(key)
         if hit is None:
-            shared = set.intersection(*(set(self._output_classes[i]) for i in missing)) - {NO_CLASS}
+            axes = self._output_axes(tuple(missing))
             if not more_inputs:
-                shared &= set().union(*(c for _, c in read))
-            sizes = {c: d.int_value() for i in missing for c, d in zip(self._output_classes[i],
-                                                                      self._outputs[i].size_shape, strict=True)
-                     if c in shared}
+                classes = frozenset().union(*(c for _, c in read))
+                axes = [a for a in axes if a[0] & classes]
             hit = self._whole_floors[key] = costmodel.whole_reduction_floor(
-                self.target, read, sum(self._output_bytes[i] for i in missing), sizes, self.config.max_grid_axes, loop)
+                self.target, read, sum(self._output_bytes[i] for i in missing), axes, self.config.max_grid_axes, loop)
         return hit
+
+    def _output_axes(self, missing: tuple[int, ...]) -> list[tuple[frozenset[int], int]]:
+        """The grid axes a kernel writing exactly these program outputs may have: (program dim
+        classes it splits, their size). One class of each output: one they all have, or classes
+        of one size side by side (`block._side_by_side`)."""
+        choices = [[(c, d.int_value()) for c, d in zip(self._output_classes[i], self._outputs[i].size_shape,
+                                                       strict=True) if c != NO_CLASS] for i in missing]
+        axes = {(frozenset(c for c, _ in pick), pick[0][1]) for pick in product(*choices)
+                if len({size for _, size in pick}) == 1}
+        return sorted(axes, key=lambda a: (sorted(a[0]), a[1]))
 
     def _reads_inputs(self, tensors: tuple[int, ...], rereads: bool | None) -> bool:
         """Does this choice of kernel inputs pass the `rereads` filter of `moves`?"""
@@ -804,19 +812,31 @@ class KernelSearch:
         if self.target is None or any(t.chunk is not None for t in tensors):
             return own  # a merge's loop walks the chunks: its reads are not one tile per block
         sizes: dict[int, int] = {}
+        owners: dict[int, int] = {}  # class -> how many of the tensors have it (at a size over 1)
         for t in tensors:
+            had: set[int] = set()
             for c, d in zip(t.classes, t.shape, strict=True):
                 size = d.int_value() if d.is_const() else 1
                 if c == NO_CLASS or size == 1:
                     continue  # a unit dim: nothing to split
                 if sizes.setdefault(c, size) != size:
                     return own  # a class split at two sizes: no axis divides both
+                had.add(c)
+            for c in had:
+                owners[c] = owners.get(c, 0) + 1
         read = tuple(sorted((self._bytes(t), frozenset(t.classes) - {NO_CLASS}) for t in tensors))
-        key = (read, tuple(sorted(sizes.items())))
+        key = (read, tuple(sorted(sizes.items())), tuple(sorted(owners.items())))
         hit = self._middle_owns.get(key)
         if hit is None:
+            # Each class alone, and the classes of one size that one tensor each has together (its
+            # outputs, not known yet, may take them side by side: `block._side_by_side`), as
+            # often as disjoint pairs of them can be axes.
+            axes = [(frozenset({c}), size) for c, size in sizes.items()]
+            for size in set(sizes.values()):
+                group = frozenset(c for c, n in sizes.items() if n == size and owners[c] == 1)
+                axes += [(group, size)] * min(len(group) // 2, self.config.max_grid_axes)
             hit = self._middle_owns[key] = costmodel.whole_reduction_floor(
-                self.target, read, 0.0, sizes, self.config.max_grid_axes)
+                self.target, read, 0.0, axes, self.config.max_grid_axes)
         return max(own, hit)
 
     def _owed(self, s: KState) -> Callable[[tuple[int, ...]], float]:

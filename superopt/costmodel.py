@@ -382,26 +382,27 @@ def kernel_floors(
 
 def whole_reduction_floor(
     target: Target, inputs: Sequence[tuple[float, frozenset[int]]], output_bytes: float,
-    grid_classes: Mapping[int, int], max_grid: int, loop: int = 1,
+    axes: Sequence[tuple[frozenset[int], int]], max_grid: int, loop: int = 1,
 ) -> float:
     """The least time `_graph` gives any graph kernel that reads `inputs` (bytes, program dim
     classes of its dims) and writes `output_bytes`, when each of its at most `max_grid` grid axes
-    splits one of `grid_classes` (class -> size, which the axis size divides): a kernel with no
+    is one of `axes` (the program dim classes it splits, side by side when more than one, and
+    their size, which the axis size divides; listed twice, one may serve two axes): a kernel with no
     per-chunk partial results, whose grid splits only classes of its outputs. Known before its
     block graph is: every block reads its tile of each input over its loop (of at least `loop`
     iterations), split only by the axes over that input's classes, so an input lacking an output
     class is read again by every block along it. Compute, sector waste, waves and shared memory
     only add to `_graph`'s time; a block keeps at most `IN_FLIGHT_PER_BLOCK` bytes in flight and
     an SM holds at most its thread limit's blocks."""
-    order = sorted(grid_classes)
+    options = sorted(axes, key=lambda a: (sorted(a[0]), a[1]))
     per_sm = _most_resident(target)
     best = math.inf
-    for axes in combinations(order, min(max_grid, len(order))):
-        values = np.meshgrid(*(np.array(divisors(grid_classes[c]), dtype=np.float64) for c in axes), indexing="ij")
-        split = {c: v.ravel() for c, v in zip(axes, values, strict=True)}
-        blocks = math.prod(split.values(), start=np.ones(1))
+    for chosen in combinations(options, min(max_grid, len(options))):
+        values = np.meshgrid(*(np.array(divisors(size), dtype=np.float64) for _, size in chosen), indexing="ij")
+        split = [(classes, v.ravel()) for (classes, _), v in zip(chosen, values, strict=True)]
+        blocks = math.prod((g for _, g in split), start=np.ones(1))
         dram = output_bytes + sum(
-            nbytes * blocks / math.prod((g for c, g in split.items() if c in classes), start=np.ones(1))
+            nbytes * blocks / math.prod((g for c, g in split if c & classes), start=np.ones(1))
             for nbytes, classes in inputs)
         t_dram = dram / (target.dram_bytes_per_s * _bandwidth_fraction(target, blocks, per_sm, IN_FLIGHT_PER_BLOCK))
         best = min(best, float(np.min(np.maximum(t_dram, _latency(target, blocks, loop, per_sm)))))

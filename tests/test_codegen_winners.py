@@ -62,11 +62,21 @@ def _exp_sum_scaled() -> Program:
     return p
 
 
+def _projections() -> Program:
+    """Q, K and V projections of one X: independent outputs, fused side by side (one grid axis
+    over the columns of all three weights)."""
+    p = Program("qkv")
+    x = p.input("X", (8, 64), "f16")
+    p.output(*[x @ p.input(w, (64, 32), "f16") for w in ("Wq", "Wk", "Wv")])
+    return p
+
+
 @pytest.mark.skipif(runner.gxx() is None, reason="g++ is not on PATH: the CPU harness needs it")
-@pytest.mark.parametrize("make", [_residual_rmsnorm, _exp_sum_scaled])
+@pytest.mark.parametrize("make", [_residual_rmsnorm, _exp_sum_scaled, _projections])
 def test_a_kernel_writing_every_value_the_program_returns_runs_correctly(h100, make):
     """One searched kernel writes every output, values the body also reads from included (the
-    residual sum is an accumulator its rms_norm reads); all come out right in the CPU harness."""
+    residual sum is an accumulator its rms_norm reads), outputs split side by side by one grid
+    axis too; all come out right in the CPU harness."""
     p = make()
     sg = run_search(p, h100, SearchConfig()).best.sgraph
     assert len(sg.kernels) == 1 and len(sg.kernels[0].outputs) == len(p.outputs)

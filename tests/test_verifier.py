@@ -431,6 +431,31 @@ def test_mutants_are_never_proved(name, h100):
     assert ff_rejected >= 0.99 * wrong, (ff_rejected, wrong)
 
 
+def test_mutants_of_a_side_by_side_kernel_are_never_proved(h100):
+    """The searched kernel that splits the columns of Wq, Wk and Wv with one grid axis: each of
+    its mutants that computes some output wrong (a map moved, a replica for a split, an
+    accumulator swapped...) is refused by the e-graph and by finite fields."""
+    p = Program("qkv")
+    x = p.input("X", (8, 64), "f16")
+    p.output(*[x @ p.input(w, (64, 32), "f16") for w in ("Wq", "Wk", "Wv")])
+    sg = run_search(p, h100, SearchConfig(max_kernel_ops=1)).best.sgraph
+    assert [k.kind for k in sg.kernels] == ["graph"]
+    inputs = random_inputs(p, 11)
+    want = evaluate(p, inputs)
+    lhs = lower_program(p)
+    wrong = ff_rejected = 0
+    for what, m in mutants(sg, p):
+        checks = pick_for_checks(m, h100, 2)
+        if not checks or all(max_rel_err(got, exp) <= 0.05 for v in checks
+                             for got, exp in zip(run_float(instantiate(m, v, h100), inputs), want, strict=True)):
+            continue
+        wrong += 1
+        rhs, axes = lower_sgraph(m)
+        assert not prove(list(zip(lhs, rhs, strict=True)), axes).proved, what
+        ff_rejected += not all(finite_field.check(p, instantiate(m, v, h100), trials=1, seed=3).passed for v in checks)
+    assert wrong >= 10 and ff_rejected == wrong, (wrong, ff_rejected)
+
+
 def test_verify_refuses_a_wrong_sgraph_with_the_refuting_layer():
     program, ref = workloads.reference_for("rmsnorm_matmul:ci")
     data = ref.to_json()
