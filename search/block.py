@@ -874,8 +874,8 @@ def resolve(
     letters = "xyz"
     key = (len(inputs), tie is not None, max_grid, partial_axes)
     for plan in plans.get(s, key, lambda: list(_search_plans(s, *key))):
-        axes = [Axis(f"g{letters[i]}{index}", Size.sym(f"g{letters[i]}{index}"), classes, partial)
-                for i, (classes, partial) in enumerate(plan.axes)]
+        axes = [Axis(f"g{letters[i]}{index}", Size.sym(f"g{letters[i]}{index}") if classes else Size.const(1),
+                     classes, partial) for i, (classes, partial) in enumerate(plan.axes)]
         yield _built(s, inputs, tensor_ids, kid, index, axes, tie, None, plan)
 
 
@@ -912,11 +912,28 @@ def _search_plans(s: BlockState, n_inputs: int, tied: bool, max_grid: int, parti
                 continue
             for par in _widest(parallel, room):
                 if not par and not partial:
+                    if not parallel and (single := _single_block(s, n_inputs, loop, tied, root_dims, outs, status)):
+                        yield single
                     continue
                 axes = (*((a, False) for a in par), *((frozenset({c}), True) for c in partial))
                 plan = _plan(s, n_inputs, axes, loop, tied, root_dims, outs, status)
                 if plan is not None:
                     yield plan
+
+
+def _single_block(
+    s: BlockState, n_inputs: int, loop: frozenset[int], tied: bool, root_dims: list[tuple[int, ...]],
+    outs: list[int], status: _StatusMemo,
+) -> _Plan | None:
+    """The tiling of a block graph whose outputs leave no class to split (a reduction of every
+    dim: `sum(sum(X))`, or of two different ones: softmax after an rms_norm over the other dim):
+    one block, on a grid axis of size 1 that splits nothing (the sGraph IR wants one), walking
+    the loop. (Where some class could be split, an axis of size 1 over it stands for this.)"""
+    plan = _plan(s, n_inputs, (), loop, tied, root_dims, outs, status)
+    if plan is None or any(not root_dims[o] for o in outs):
+        return None  # a rank-0 output has no dim for the axis to map to
+    return _Plan(((frozenset(), False),), plan.loop, [[None]] * n_inputs, plan.fmaps, plan.acc_kind, plan.outs,
+                 [[0]] * len(outs), plan.chunks)
 
 
 def _side_by_side(

@@ -71,12 +71,26 @@ def _projections() -> Program:
     return p
 
 
+def _norm_then_softmax() -> Program:
+    """softmax over rows of an rms_norm over columns: no dim left for a grid axis to split."""
+    p = Program("norm_softmax")
+    p.output(p.softmax(p.rms_norm(p.input("X", (16, 32), "f16"), 0), 1))
+    return p
+
+
+def _total() -> Program:
+    """sum(exp(X)) over both dims: one block walks X."""
+    p = Program("total")
+    p.output(p.sum(p.sum(p.exp(p.input("X", (16, 32), "f16")), 0, keepdim=True), 1, keepdim=True))
+    return p
+
+
 @pytest.mark.skipif(runner.gxx() is None, reason="g++ is not on PATH: the CPU harness needs it")
-@pytest.mark.parametrize("make", [_residual_rmsnorm, _exp_sum_scaled, _projections])
+@pytest.mark.parametrize("make", [_residual_rmsnorm, _exp_sum_scaled, _projections, _norm_then_softmax, _total])
 def test_a_kernel_writing_every_value_the_program_returns_runs_correctly(h100, make):
     """One searched kernel writes every output, values the body also reads from included (the
     residual sum is an accumulator its rms_norm reads), outputs split side by side by one grid
-    axis too; all come out right in the CPU harness."""
+    axis, or by none (one block); all come out right in the CPU harness."""
     p = make()
     sg = run_search(p, h100, SearchConfig()).best.sgraph
     assert len(sg.kernels) == 1 and len(sg.kernels[0].outputs) == len(p.outputs)

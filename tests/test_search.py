@@ -231,6 +231,28 @@ def test_independent_projections_are_fused_side_by_side(h100, monkeypatch, weigh
     assert exhaustive.best.sgraph.dumps() == sg.dumps()
 
 
+@pytest.mark.parametrize("reduce", ["both dims", "one dim each"])
+def test_a_program_that_leaves_no_dim_to_split_runs_as_one_block(h100, reduce):
+    """sum(sum(exp(X))) reduces every dim, softmax over rows after an rms_norm over columns reduces
+    one dim each: no class is left for a grid axis to split, and such block graphs had no tiling
+    (two or three library kernels). One block computes them, on a grid axis of size 1 that splits
+    nothing, its loop walking X where it can."""
+    p = Program("whole")
+    x = p.input("X", (16, 32), "f32")
+    if reduce == "both dims":
+        p.output(p.sum(p.sum(p.exp(x), 0, keepdim=True), 1, keepdim=True))
+    else:
+        p.output(p.softmax(p.rms_norm(x, 0), 1))
+    outcome = run_search(p, h100, SearchConfig())
+    sg = outcome.best.sgraph
+    assert outcome.best.verdict.proved and [type(k) for k in sg.kernels] == [GraphKernel]
+    (axis,) = sg.kernels[0].block.grid
+    assert axis.size.is_const() and axis.size.int_value() == 1
+    assert all(i.imap == (None,) for i in sg.kernels[0].block.inputs)
+    baseline = next(v for v in outcome.verified if v.sgraph.name.endswith(".unfused"))
+    assert outcome.best.best.estimate.time_s < baseline.best.estimate.time_s
+
+
 def test_a_transposed_input_is_read_in_place_as_fast_as_one_given_transposed(searched_attention):
     """`Q @ transpose(K)` gets the kernels that `Q @ Kt` with Kt given transposed gets, as fast:
     the transpose is a view (free) that the fused kernel reads in place, and the search sees it as

@@ -19,6 +19,8 @@ from superopt.interpreter import run_float
 from superopt.mutations import mutants
 from superopt.reference import evaluate, max_rel_err, random_inputs, undefined_node
 from superopt.search.driver import run_search
+from superopt.search.kernel import KernelSearch
+from superopt.search.space import space_of
 from superopt.sgraph import SGraph, TensorDecl, rebind
 from superopt.targets import TARGETS
 from superopt.verifier import constraints, finite_field
@@ -26,7 +28,7 @@ from superopt.verifier import terms as t
 from superopt.verifier.egraph import prove
 from superopt.verifier.lowering import lower_program, lower_sgraph
 from superopt.verifier.oracle import C, Oracle, abstract_program, abstract_sgraph, constants_of, mk
-from superopt.verifier.rules import RULES
+from superopt.verifier.rules import RULES, transposed_dim_rules
 from superopt.verifier.term_eval import Bindings, agree
 from superopt.verifier.verify import verify
 
@@ -431,15 +433,38 @@ def test_mutants_are_never_proved(name, h100):
     assert ff_rejected >= 0.99 * wrong, (ff_rejected, wrong)
 
 
-def test_mutants_of_a_side_by_side_kernel_are_never_proved(h100):
-    """The searched kernel that splits the columns of Wq, Wk and Wv with one grid axis: each of
-    its mutants that computes some output wrong (a map moved, a replica for a split, an
-    accumulator swapped...) is refused by the e-graph and by finite fields."""
+def _projections() -> Program:
     p = Program("qkv")
     x = p.input("X", (8, 64), "f16")
     p.output(*[x @ p.input(w, (64, 32), "f16") for w in ("Wq", "Wk", "Wv")])
-    sg = run_search(p, h100, SearchConfig(max_kernel_ops=1)).best.sgraph
-    assert [k.kind for k in sg.kernels] == ["graph"]
+    return p
+
+
+def _softmax_of_transposed() -> Program:
+    p = Program("softmax_t")
+    p.output(p.softmax(p.transpose(p.input("X", (16, 64), "f32") @ p.input("W", (64, 32), "f32"), (1, 0)), -1))
+    return p
+
+
+def _norm_then_softmax() -> Program:
+    p = Program("norm_softmax")
+    p.output(p.softmax(p.rms_norm(p.input("X", (16, 32), "f32"), 0), 1))
+    return p
+
+
+@pytest.mark.parametrize(("make", "kinds"), [
+    (_projections, ["graph"]),  # one grid axis splits the columns of Wq, Wk and Wv side by side
+    (_softmax_of_transposed, ["graph", "library"]),  # the softmax over columns of X W, then a view
+    (_norm_then_softmax, ["graph"]),  # one block: no dim is left to split
+], ids=["side by side", "transposed dim", "one block"])
+def test_searched_kernels_are_proved_and_their_mutants_never(h100, make, kinds):
+    """Kernels of the search's newer shapes: proved, and each of their mutants that computes some
+    output wrong (a map moved, a replica for a split, an accumulator swapped, a reduction dim
+    changed...) is refused by the e-graph and by finite fields."""
+    p = make()
+    ks = KernelSearch(p, space_of(p), Oracle(p), SearchConfig(max_kernel_ops=len(kinds)))
+    sg = next(sg for sg in ks.candidates() if [k.kind for k in sg.kernels] == kinds)
+    assert verify(p, sg, target=h100).proved
     inputs = random_inputs(p, 11)
     want = evaluate(p, inputs)
     lhs = lower_program(p)
@@ -454,6 +479,27 @@ def test_mutants_of_a_side_by_side_kernel_are_never_proved(h100):
         assert not prove(list(zip(lhs, rhs, strict=True)), axes).proved, what
         ff_rejected += not all(finite_field.check(p, instantiate(m, v, h100), trials=1, seed=3).passed for v in checks)
     assert wrong >= 10 and ff_rejected == wrong, (wrong, ff_rejected)
+
+
+@pytest.mark.parametrize("perm", ["1,0", "0,2,1", "2,0,1", "1,2,0", "3,1,0,2"])
+def test_transposed_dim_rules_hold_on_random_instances(perm):
+    """The rules made per permutation (`transposed_dim_rules`): a reduction or broadcast over each
+    dim of the transposed tensor, on tensors whose dims all differ in size."""
+    rules = transposed_dim_rules(perm)
+    assert len(rules) == 4 * len(perm.split(","))
+    for rule in rules:
+        for seed in range(4):
+            assert agree(rule.lhs, rule.rhs, rule.example(np.random.default_rng(seed)), []), (rule.name, seed)
+
+
+def test_a_rule_with_the_dim_a_permutation_does_not_send_is_refuted():
+    """The checker tells the right dim from another: over A^T's rows is over A's columns."""
+    x = np.random.default_rng(0).standard_normal((3, 5))
+    a = t.Var("A")
+    right = (t.reduce("sum", t.transpose(a, "1,0"), -1), t.transpose(t.reduce("sum", a, -2), "1,0"))
+    wrong = (t.reduce("sum", t.transpose(a, "1,0"), -1), t.transpose(t.reduce("sum", a, -1), "1,0"))
+    assert agree(*right, Bindings(tensors={"A": x}), [])
+    assert not agree(*wrong, Bindings(tensors={"A": x}), [])
 
 
 def test_verify_refuses_a_wrong_sgraph_with_the_refuting_layer():

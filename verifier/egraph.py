@@ -11,6 +11,7 @@ instantiation that meets the sGraph's divisibility constraints.
 
 from __future__ import annotations
 
+import functools
 import time
 from collections import Counter
 from collections.abc import Sequence
@@ -36,7 +37,7 @@ from egglog import (
 )
 from egglog import eq as egg_eq
 
-from superopt.verifier.rules import RULES, Rule
+from superopt.verifier.rules import RULES, Rule, transposed_dim_rules
 from superopt.verifier.terms import SIGNATURES, AxisVar, ConstVar, DimVar, Node, PermVar, Term, Var
 
 
@@ -125,14 +126,36 @@ def _conditions(conv: _Converter, r: Rule) -> list[Any]:
     return facts
 
 
-def _rewrite_rules() -> Any:
+def _compiled(rules: Sequence[Rule]) -> list[Any]:
     out = []
-    for r in RULES:
+    for r in rules:
         conv = _Converter()
         root = var("root__", T)
         out.append(rule(egg_eq(root).to(conv.term(r.lhs)), *_conditions(conv, r), name=r.name)
                    .then(union(root).with_(conv.term(r.rhs))))
-    return ruleset(*out, name="rewrites")
+    return out
+
+
+@functools.cache
+def _rewrites(perms: tuple[str, ...]) -> Any:
+    """The rules, with those of each permutation the proof's terms transpose by (`transposed_dim_rules`)."""
+    extra = [r for perm in perms for r in transposed_dim_rules(perm)]
+    return ruleset(*_BASE, *_compiled(extra), name="rewrites" + "".join(f"[{p}]" for p in perms))
+
+
+def _perms(terms: Sequence[Term]) -> tuple[str, ...]:
+    """The permutations these terms transpose by (terms share subterms: each is visited once)."""
+    found: set[str] = set()
+    stack, visited = list(terms), set()
+    while stack:
+        term = stack.pop()
+        if not isinstance(term, Node) or id(term) in visited:
+            continue
+        visited.add(id(term))
+        if term.op == "transpose":
+            found.add(str(term.params[0]))
+        stack.extend(term.children)
+    return tuple(sorted(found))
 
 
 def _analysis_rules() -> Any:
@@ -163,7 +186,7 @@ def _analysis_rules() -> Any:
     return ruleset(*out, name="indep")
 
 
-REWRITES = _rewrite_rules()
+_BASE = _compiled(RULES)
 ANALYSIS = _analysis_rules()
 
 
@@ -208,6 +231,7 @@ def prove(pairs: Sequence[tuple[Term, Term]], axes: Sequence[str], limits: Limit
         lhs_e = egraph.let(f"lhs{i}", conv.term(lhs))
         rhs_e = egraph.let(f"rhs{i}", conv.term(rhs))
         goals.append(egg_eq(lhs_e).to(rhs_e))
+    rewrites = _rewrites(_perms([side for pair in pairs for side in pair]))
     matches: Counter[str] = Counter()
     reason, it = "iteration limit", 0
     while it < limits.iterations:
@@ -215,7 +239,7 @@ def prove(pairs: Sequence[tuple[Term, Term]], axes: Sequence[str], limits: Limit
         if egraph.check_bool(*goals):
             reason = "proved"
             break
-        report = egraph.run(REWRITES)
+        report = egraph.run(rewrites)
         it += 1
         for decl, n in report.num_matches_per_rule.items():
             matches[getattr(decl, "name", None) or str(decl)] += n

@@ -326,3 +326,35 @@ RULES: list[Rule] = [
 
 RULES_BY_NAME = {r.name: r for r in RULES}
 assert len(RULES_BY_NAME) == len(RULES), "rule names must be unique"
+
+
+def transposed_dim_rules(perm: str) -> list[Rule]:
+    """A reduction (or a broadcast) over dim d of a tensor transposed by `perm` is the transpose
+    of the same op over the dim `perm` takes d from (softmax over the rows of A^T is the softmax
+    over the columns of A, transposed). The dim is computed from the permutation, which no
+    pattern can do, so these rules are made for each permutation a proof meets (ground in it;
+    keepdim reductions keep the rank, so `perm` stays the same)."""
+    order = [int(x) for x in perm.split(",")]
+    rank = len(order)
+    out = []
+    for i, src in enumerate(order):
+        dim, from_dim = i - rank, src - rank
+        out += [Rule(f"transpose-{op}[{perm}]{dim}", t.reduce(op, t.transpose(A, perm), dim),
+                     t.transpose(t.reduce(op, A, from_dim), perm), (), _ex_transposed_dim(rank, None))
+                for op in t.REDUCTIONS]
+        out.append(Rule(f"transpose-bcast[{perm}]{dim}", t.bcast(t.transpose(A, perm), dim),
+                        t.transpose(t.bcast(A, from_dim), perm), (), _ex_transposed_dim(rank, src)))
+    return out
+
+
+def _ex_transposed_dim(rank: int, unit: int | None) -> Callable[[np.random.Generator], Bindings]:
+    """A tensor whose dims all differ in size (a dim taken for another changes the shape), of
+    size 1 along `unit` (what a broadcast needs)."""
+
+    def example(rng: np.random.Generator) -> Bindings:
+        shape = [int(x) for x in rng.permutation(np.arange(2, 2 + rank))]
+        if unit is not None:
+            shape[unit] = 1
+        return Bindings(tensors={"A": _rand(rng, *shape)})
+
+    return example
