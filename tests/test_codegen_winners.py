@@ -9,6 +9,7 @@ from dataclasses import replace
 import pytest
 from cuda_harness import runner
 from cuda_harness.cases import H100, param_choices
+from kernel_shapes import norm_then_softmax, projections, softmax_of_transposed, total
 
 from superopt import Program, workloads
 from superopt.codegen import generate
@@ -19,7 +20,10 @@ from superopt.dtypes import dtype
 from superopt.instantiate import instantiate
 from superopt.reference import evaluate, max_rel_err, random_inputs
 from superopt.search.driver import run_search
+from superopt.search.kernel import KernelSearch
+from superopt.search.space import space_of
 from superopt.sgraph import GraphKernel, TensorDecl, check_matches, rebind
+from superopt.verifier.oracle import Oracle
 
 SEARCHES = list(workloads.WORKLOADS)  # each searched once at :ci per session (the `searched` fixture)
 
@@ -62,31 +66,8 @@ def _exp_sum_scaled() -> Program:
     return p
 
 
-def _projections() -> Program:
-    """Q, K and V projections of one X: independent outputs, fused side by side (one grid axis
-    over the columns of all three weights)."""
-    p = Program("qkv")
-    x = p.input("X", (8, 64), "f16")
-    p.output(*[x @ p.input(w, (64, 32), "f16") for w in ("Wq", "Wk", "Wv")])
-    return p
-
-
-def _norm_then_softmax() -> Program:
-    """softmax over rows of an rms_norm over columns: no dim left for a grid axis to split."""
-    p = Program("norm_softmax")
-    p.output(p.softmax(p.rms_norm(p.input("X", (16, 32), "f16"), 0), 1))
-    return p
-
-
-def _total() -> Program:
-    """sum(exp(X)) over both dims: one block walks X."""
-    p = Program("total")
-    p.output(p.sum(p.sum(p.exp(p.input("X", (16, 32), "f16")), 0, keepdim=True), 1, keepdim=True))
-    return p
-
-
 @pytest.mark.skipif(runner.gxx() is None, reason="g++ is not on PATH: the CPU harness needs it")
-@pytest.mark.parametrize("make", [_residual_rmsnorm, _exp_sum_scaled, _projections, _norm_then_softmax, _total])
+@pytest.mark.parametrize("make", [_residual_rmsnorm, _exp_sum_scaled, projections, norm_then_softmax, total])
 def test_a_kernel_writing_every_value_the_program_returns_runs_correctly(h100, make):
     """One searched kernel writes every output, values the body also reads from included (the
     residual sum is an accumulator its rms_norm reads), outputs split side by side by one grid
@@ -147,3 +128,18 @@ def test_a_kernel_reading_a_transposed_view_runs_correctly(searched_attention):
         want = evaluate(program, inputs)[0]
         assert max_rel_err(runner.run(prog, inputs)[0], want) <= dtype(program.dtype).tolerance
         assert max_rel_err(runner.run(broken, inputs)[0], want) > 0.05
+
+
+@pytest.mark.skipif(runner.gxx() is None, reason="g++ is not on PATH: the CPU harness needs it")
+def test_a_softmax_over_a_transposed_products_columns_runs_correctly():
+    """softmax(transpose(X @ W)) as a kernel computing the softmax over the columns of X @ W, then
+    a free view: right in the CPU harness at every parameter choice."""
+    p = softmax_of_transposed()
+    ks = KernelSearch(p, space_of(p), Oracle(p), SearchConfig(max_kernel_ops=2))
+    sg = next(sg for sg in ks.candidates() if [k.kind for k in sg.kernels] == ["graph", "library"])
+    assert sg.kernels[1].op == "transpose" and sg.views
+    progs = [generate(instantiate(sg, params, H100)) for params in param_choices(sg)]
+    runner.compile_all(progs)
+    for seed, prog in enumerate(progs, start=11):
+        inputs = random_inputs(p, seed)
+        assert max_rel_err(runner.run(prog, inputs)[0], evaluate(p, inputs)[0]) <= dtype("f32").tolerance

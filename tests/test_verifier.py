@@ -6,6 +6,7 @@ import json
 
 import numpy as np
 import pytest
+from kernel_shapes import norm_then_softmax, projections, softmax_of_transposed
 from typer.testing import CliRunner
 
 from superopt import Program, workloads
@@ -433,29 +434,10 @@ def test_mutants_are_never_proved(name, h100):
     assert ff_rejected >= 0.99 * wrong, (ff_rejected, wrong)
 
 
-def _projections() -> Program:
-    p = Program("qkv")
-    x = p.input("X", (8, 64), "f16")
-    p.output(*[x @ p.input(w, (64, 32), "f16") for w in ("Wq", "Wk", "Wv")])
-    return p
-
-
-def _softmax_of_transposed() -> Program:
-    p = Program("softmax_t")
-    p.output(p.softmax(p.transpose(p.input("X", (16, 64), "f32") @ p.input("W", (64, 32), "f32"), (1, 0)), -1))
-    return p
-
-
-def _norm_then_softmax() -> Program:
-    p = Program("norm_softmax")
-    p.output(p.softmax(p.rms_norm(p.input("X", (16, 32), "f32"), 0), 1))
-    return p
-
-
 @pytest.mark.parametrize(("make", "kinds"), [
-    (_projections, ["graph"]),  # one grid axis splits the columns of Wq, Wk and Wv side by side
-    (_softmax_of_transposed, ["graph", "library"]),  # the softmax over columns of X W, then a view
-    (_norm_then_softmax, ["graph"]),  # one block: no dim is left to split
+    (projections, ["graph"]),  # one grid axis splits the columns of Wq, Wk and Wv side by side
+    (softmax_of_transposed, ["graph", "library"]),  # the softmax over columns of X W, then a view
+    (norm_then_softmax, ["graph"]),  # one block: no dim is left to split
 ], ids=["side by side", "transposed dim", "one block"])
 def test_searched_kernels_are_proved_and_their_mutants_never(h100, make, kinds):
     """Kernels of the search's newer shapes: proved, and each of their mutants that computes some

@@ -1,0 +1,37 @@
+"""Small programs whose kernels take the search's less common shapes, shared by the verifier,
+CPU-harness and GPU tests: outputs split side by side, one block, a reduction over a transposed
+dim."""
+
+from __future__ import annotations
+
+from superopt import Program
+
+
+def projections() -> Program:
+    """Q, K and V projections of one X: independent outputs, fused side by side (one grid axis
+    over the columns of all three weights)."""
+    p = Program("qkv")
+    x = p.input("X", (8, 64), "f16")
+    p.output(*[x @ p.input(w, (64, 32), "f16") for w in ("Wq", "Wk", "Wv")])
+    return p
+
+
+def norm_then_softmax() -> Program:
+    """softmax over rows of an rms_norm over columns: no dim left for a grid axis to split."""
+    p = Program("norm_softmax")
+    p.output(p.softmax(p.rms_norm(p.input("X", (16, 32), "f16"), 0), 1))
+    return p
+
+
+def total() -> Program:
+    """sum(exp(X)) over both dims: one block walks X."""
+    p = Program("total")
+    p.output(p.sum(p.sum(p.exp(p.input("X", (16, 32), "f16")), 0, keepdim=True), 1, keepdim=True))
+    return p
+
+
+def softmax_of_transposed() -> Program:
+    """A softmax over the rows of a transposed product: over the product's columns, then a view."""
+    p = Program("softmax_t")
+    p.output(p.softmax(p.transpose(p.input("X", (16, 64), "f32") @ p.input("W", (64, 32), "f32"), (1, 0)), -1))
+    return p
