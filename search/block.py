@@ -1174,6 +1174,8 @@ def _statuses(
         a = [st[x] for x in t.args]
         if t.op == "acc" and is_loop:
             st.append(NONE if a[0] != BAD else BAD)  # the accumulator completes the loop
+        elif sum(c in axis for c in root_dims[k]) > 1:
+            return None  # two dims sliced by one index: a diagonal block, no slice of the value
         else:
             st.append(_status(t, a, root_dims, axis))
         if st[-1] == BAD:

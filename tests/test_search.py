@@ -231,18 +231,23 @@ def test_independent_projections_are_fused_side_by_side(h100, monkeypatch, weigh
     assert exhaustive.best.sgraph.dumps() == sg.dumps()
 
 
-@pytest.mark.parametrize("reduce", ["both dims", "one dim each"])
+@pytest.mark.parametrize("reduce", ["both dims", "one dim each", "one dim per output"])
 def test_a_program_that_leaves_no_dim_to_split_runs_as_one_block(h100, reduce):
     """sum(sum(exp(X))) reduces every dim, softmax over rows after an rms_norm over columns reduces
-    one dim each: no class is left for a grid axis to split, and such block graphs had no tiling
-    (two or three library kernels). One block computes them, on a grid axis of size 1 that splits
-    nothing, its loop walking X where it can."""
+    one dim each, the column and row sums of X @ W each reduce the dim the other keeps: no class
+    is left for a grid axis to split, and such block graphs had no tiling (two or three library
+    kernels). One block computes them, on a grid axis of size 1 that splits nothing, its loop
+    walking X where it can. (A loop walking the rows of X and the columns of W at once computes
+    only the diagonal blocks of X @ W: such tilings are refused, where one crashed the search.)"""
     p = Program("whole")
     x = p.input("X", (16, 32), "f32")
     if reduce == "both dims":
         p.output(p.sum(p.sum(p.exp(x), 0, keepdim=True), 1, keepdim=True))
-    else:
+    elif reduce == "one dim each":
         p.output(p.softmax(p.rms_norm(x, 0), 1))
+    else:
+        h = x @ p.input("W", (32, 16), "f32")
+        p.output(p.sum(h, 0, keepdim=True), p.sum(h, 1, keepdim=True))
     outcome = run_search(p, h100, SearchConfig())
     sg = outcome.best.sgraph
     assert outcome.best.verdict.proved and [type(k) for k in sg.kernels] == [GraphKernel]
