@@ -258,6 +258,21 @@ def test_a_program_that_leaves_no_dim_to_split_runs_as_one_block(h100, reduce):
     assert outcome.best.best.estimate.time_s < baseline.best.estimate.time_s
 
 
+def test_a_transposed_value_times_an_input_reads_the_input_transposed(h100):
+    """exp(transpose(X @ W)) * Y: one kernel computes exp(X @ W) * Y^T, reading Y through a view
+    and viewed transposed itself (the prover undoes a transpose's inverse across the product),
+    where the mul was a kernel of its own."""
+    p = Program("scaled")
+    x, w, y = p.input("X", (64, 512), "f16"), p.input("W", (512, 64), "f16"), p.input("Y", (64, 64), "f16")
+    p.output(p.exp(p.transpose(x @ w, (1, 0))) * y)
+    outcome = run_search(p, h100, SearchConfig(max_kernel_ops=3))
+    sg = outcome.best.sgraph
+    assert outcome.best.verdict.proved
+    assert [getattr(k, "op", "graph") for k in sg.kernels] == ["transpose", "graph", "transpose"]
+    assert sg.kernels[0].inputs == ("Y",) and sg.kernels[0].output in sg.kernels[1].tensor_inputs
+    assert [e.time_s for e in outcome.best.best.estimate.kernels][::2] == [0.0, 0.0]
+
+
 def test_a_transposed_input_is_read_in_place_as_fast_as_one_given_transposed(searched_attention):
     """`Q @ transpose(K)` gets the kernels that `Q @ Kt` with Kt given transposed gets, as fast:
     the transpose is a view (free) that the fused kernel reads in place, and the search sees it as

@@ -29,7 +29,7 @@ from superopt.verifier import terms as t
 from superopt.verifier.egraph import prove
 from superopt.verifier.lowering import lower_program, lower_sgraph
 from superopt.verifier.oracle import C, Oracle, abstract_program, abstract_sgraph, constants_of, mk
-from superopt.verifier.rules import RULES, transposed_dim_rules
+from superopt.verifier.rules import RULES, permutation_rules
 from superopt.verifier.term_eval import Bindings, agree
 from superopt.verifier.verify import verify
 
@@ -464,11 +464,12 @@ def test_searched_kernels_are_proved_and_their_mutants_never(h100, make, kinds):
 
 
 @pytest.mark.parametrize("perm", ["1,0", "0,2,1", "2,0,1", "1,2,0", "3,1,0,2"])
-def test_transposed_dim_rules_hold_on_random_instances(perm):
-    """The rules made per permutation (`transposed_dim_rules`): a reduction or broadcast over each
-    dim of the transposed tensor, on tensors whose dims all differ in size."""
-    rules = transposed_dim_rules(perm)
-    assert len(rules) == 4 * len(perm.split(","))
+def test_permutation_rules_hold_on_random_instances(perm):
+    """The rules made per permutation (`permutation_rules`): a reduction or broadcast over each
+    dim of the transposed tensor, the inverse undone (across an elementwise op too), on tensors
+    whose dims all differ in size."""
+    rules = permutation_rules(perm)
+    assert len(rules) == 4 * len(perm.split(",")) + 1 + 2 * len(t.ELEMENTWISE_BINARY)
     for rule in rules:
         for seed in range(4):
             assert agree(rule.lhs, rule.rhs, rule.example(np.random.default_rng(seed)), []), (rule.name, seed)

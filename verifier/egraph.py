@@ -37,7 +37,7 @@ from egglog import (
 )
 from egglog import eq as egg_eq
 
-from superopt.verifier.rules import RULES, Rule, transposed_dim_rules
+from superopt.verifier.rules import RULES, Rule, permutation_rules
 from superopt.verifier.terms import SIGNATURES, AxisVar, ConstVar, DimVar, Node, PermVar, Term, Var
 
 
@@ -138,8 +138,8 @@ def _compiled(rules: Sequence[Rule]) -> list[Any]:
 
 @functools.cache
 def _rewrites(perms: tuple[str, ...]) -> Any:
-    """The rules, with those of each permutation the proof's terms transpose by (`transposed_dim_rules`)."""
-    extra = [r for perm in perms for r in transposed_dim_rules(perm)]
+    """The rules, with those of each permutation the proof's terms transpose by (`permutation_rules`)."""
+    extra = [r for perm in perms for r in permutation_rules(perm)]
     return ruleset(*_BASE, *_compiled(extra), name="rewrites" + "".join(f"[{p}]" for p in perms))
 
 

@@ -328,33 +328,50 @@ RULES_BY_NAME = {r.name: r for r in RULES}
 assert len(RULES_BY_NAME) == len(RULES), "rule names must be unique"
 
 
-def transposed_dim_rules(perm: str) -> list[Rule]:
-    """A reduction (or a broadcast) over dim d of a tensor transposed by `perm` is the transpose
-    of the same op over the dim `perm` takes d from (softmax over the rows of A^T is the softmax
-    over the columns of A, transposed). The dim is computed from the permutation, which no
-    pattern can do, so these rules are made for each permutation a proof meets (ground in it;
-    keepdim reductions keep the rank, so `perm` stays the same)."""
+def permutation_rules(perm: str) -> list[Rule]:
+    """Rules about one permutation, made for each permutation a proof meets (ground in it: no
+    pattern can compute `perm[d]` or the inverse permutation).
+
+    A reduction (or a broadcast) over dim d of a tensor transposed by `perm` is the transpose of
+    the same op over the dim `perm` takes d from (softmax over the rows of A^T is the softmax
+    over the columns of A, transposed; keepdim reductions keep the rank, so `perm` stays the
+    same). A transpose undoes its inverse, also across an elementwise op whose other operand is
+    transposed by the inverse (a kernel computing exp(X W) * Y^T, whose output is viewed
+    transposed, computes exp((X W)^T) * Y)."""
     order = [int(x) for x in perm.split(",")]
     rank = len(order)
+    inverse = ",".join(str(order.index(i)) for i in range(rank))
     out = []
     for i, src in enumerate(order):
         dim, from_dim = i - rank, src - rank
         out += [Rule(f"transpose-{op}[{perm}]{dim}", t.reduce(op, t.transpose(A, perm), dim),
-                     t.transpose(t.reduce(op, A, from_dim), perm), (), _ex_transposed_dim(rank, None))
+                     t.transpose(t.reduce(op, A, from_dim), perm), (), _ex_permuted(order, None))
                 for op in t.REDUCTIONS]
         out.append(Rule(f"transpose-bcast[{perm}]{dim}", t.bcast(t.transpose(A, perm), dim),
-                        t.transpose(t.bcast(A, from_dim), perm), (), _ex_transposed_dim(rank, src)))
+                        t.transpose(t.bcast(A, from_dim), perm), (), _ex_permuted(order, src)))
+    out.append(Rule(f"transpose-inverse[{perm}]", t.transpose(t.transpose(A, inverse), perm), A, (),
+                    _ex_permuted(order, None)))
+    for op in t.ELEMENTWISE_BINARY:
+        out.append(Rule(f"transpose-{op}-into-right[{perm}]",
+                        t.transpose(t.binary(op, A, t.transpose(B, inverse)), perm),
+                        t.binary(op, t.transpose(A, perm), B), (), _ex_permuted(order, None, b="permuted")))
+        out.append(Rule(f"transpose-{op}-into-left[{perm}]",
+                        t.transpose(t.binary(op, t.transpose(A, inverse), B), perm),
+                        t.binary(op, A, t.transpose(B, perm)), (), _ex_permuted(order, None, a="permuted")))
     return out
 
 
-def _ex_transposed_dim(rank: int, unit: int | None) -> Callable[[np.random.Generator], Bindings]:
-    """A tensor whose dims all differ in size (a dim taken for another changes the shape), of
-    size 1 along `unit` (what a broadcast needs)."""
+def _ex_permuted(order: list[int], unit: int | None, a: str = "base", b: str = "base",
+                 ) -> Callable[[np.random.Generator], Bindings]:
+    """Positive tensors A and B whose dims all differ in size (a dim taken for another changes
+    the shape), of size 1 along `unit` (what a broadcast needs); "permuted" ones have the base
+    shape permuted by `order`."""
 
     def example(rng: np.random.Generator) -> Bindings:
-        shape = [int(x) for x in rng.permutation(np.arange(2, 2 + rank))]
+        base = [int(x) for x in rng.permutation(np.arange(2, 2 + len(order)))]
         if unit is not None:
-            shape[unit] = 1
-        return Bindings(tensors={"A": _rand(rng, *shape)})
+            base[unit] = 1
+        shapes = {"base": base, "permuted": [base[i] for i in order]}
+        return Bindings(tensors={"A": np.abs(_rand(rng, *shapes[a])) + 0.5, "B": np.abs(_rand(rng, *shapes[b])) + 0.5})
 
     return example
