@@ -337,7 +337,8 @@ def permutation_rules(perm: str) -> list[Rule]:
     over the columns of A, transposed; keepdim reductions keep the rank, so `perm` stays the
     same). A transpose undoes its inverse, also across an elementwise op whose other operand is
     transposed by the inverse (a kernel computing exp(X W) * Y^T, whose output is viewed
-    transposed, computes exp((X W)^T) * Y)."""
+    transposed, computes exp((X W)^T) * Y). And where `perm` swaps the last two dims, B^T A^T is
+    (A B)^T (a kernel reading X^T and W^T as views computes (X W)^T)."""
     order = [int(x) for x in perm.split(",")]
     rank = len(order)
     inverse = ",".join(str(order.index(i)) for i in range(rank))
@@ -351,6 +352,9 @@ def permutation_rules(perm: str) -> list[Rule]:
                         t.transpose(t.bcast(A, from_dim), perm), (), _ex_permuted(order, src)))
     out.append(Rule(f"transpose-inverse[{perm}]", t.transpose(t.transpose(A, inverse), perm), A, (),
                     _ex_permuted(order, None)))
+    if rank >= 2 and order == [*range(rank - 2), rank - 1, rank - 2]:  # the last two dims swapped
+        out.append(Rule(f"transpose-matmul[{perm}]", t.matmul(t.transpose(B, perm), t.transpose(A, perm)),
+                        t.transpose(t.matmul(A, B), perm), (), _ex_matmul_transposed(rank)))
     for op in t.ELEMENTWISE_BINARY:
         out.append(Rule(f"transpose-{op}-into-right[{perm}]",
                         t.transpose(t.binary(op, A, t.transpose(B, inverse)), perm),
@@ -359,6 +363,16 @@ def permutation_rules(perm: str) -> list[Rule]:
                         t.transpose(t.binary(op, t.transpose(A, inverse), B), perm),
                         t.binary(op, A, t.transpose(B, perm)), (), _ex_permuted(order, None, a="permuted")))
     return out
+
+
+def _ex_matmul_transposed(rank: int) -> Callable[[np.random.Generator], Bindings]:
+    """A (.., m, k) and B (.., k, n) of distinct sizes: B^T A^T is (A B)^T."""
+
+    def example(rng: np.random.Generator) -> Bindings:
+        batch = [int(x) for x in rng.integers(2, 4, rank - 2)]
+        return Bindings(tensors={"A": _rand(rng, *batch, 3, 4), "B": _rand(rng, *batch, 4, 5)})
+
+    return example
 
 
 def _ex_permuted(order: list[int], unit: int | None, a: str = "base", b: str = "base",
