@@ -236,6 +236,82 @@ def _row_mean_sgraph(p: Program) -> SGraph:
     return b.build(["O"])
 
 
+def _whole_reductions_program() -> Program:
+    """Sums and means of every dim in either order, and column sums and means without keepdim."""
+    p = Program("whole_reductions")
+    x = p.input("X", (8, 12), "f32")
+    for inner in ("sum", "mean"):
+        for outer in ("sum", "mean"):
+            p.output(p.op(outer, p.op(inner, x, dim=0, keepdim=True), name=f"{outer}_{inner}", dim=1, keepdim=True))
+    p.output(p.op("sum", x, name="col_sums", dim=0, keepdim=False), p.op("mean", x, name="col_means", dim=0,
+                                                                      keepdim=False))
+    return p
+
+
+def _whole_reductions_sgraph(p: Program) -> SGraph:
+    """One block walking X's rows: each iteration's reductions, accumulated (a sum of per-iteration
+    means over columns is the mean over columns of the sums...)."""
+    b = SGraphBuilder.for_program(p)
+    k = b.graph(grid=[("x", 1)], loop=("f", "F"))
+    xt = k.input("X", [None], 0)
+    partial = {inner: k.op(inner, xt, dim=0, keepdim=True) for inner in ("sum", "mean")}
+    names = []
+    for inner in ("sum", "mean"):
+        for outer in ("sum", "mean"):
+            tile = k.op(outer, partial[inner], dim=1, keepdim=True)
+            names.append(k.output(k.acc(tile, inner), f"{outer}_{inner}", [0]))
+    for op, name in (("sum", "col_sums"), ("mean", "col_means")):
+        names.append(k.output(k.acc(k.op(op, xt, dim=0, keepdim=False), op), name, [0]))
+    return b.build(names)
+
+
+def _nested_reductions_program() -> Program:
+    p = Program("nested_reductions")
+    x = p.input("X", (8, 12), "f32")
+    for inner in ("sum", "mean"):
+        for outer in ("sum", "mean"):
+            p.output(p.op(outer, p.op(inner, x, dim=0, keepdim=True), name=f"{outer}_{inner}", dim=1, keepdim=True))
+    return p
+
+
+def _nested_reductions_sgraph(p: Program) -> SGraph:
+    """The same reductions in the other order: one block walking X's columns reduces each tile's
+    columns, then the rows after the loop."""
+    b = SGraphBuilder.for_program(p)
+    k = b.graph(grid=[("x", 1)], loop=("f", "F"))
+    xt = k.input("X", [None], 1)
+    names = []
+    for inner in ("sum", "mean"):
+        for outer in ("sum", "mean"):
+            columns = k.acc(k.op(outer, xt, dim=1, keepdim=True), outer)
+            names.append(k.output(k.after(inner, columns, dim=0, keepdim=True), f"{outer}_{inner}", [0]))
+    return b.build(names)
+
+
+def _reduced_combinations_program() -> Program:
+    p = Program("reduced_combinations")
+    x, y = p.input("X", (8, 12), "f32"), p.input("Y", (8, 12), "f32")
+    for bop in ("add", "sub"):
+        for op in ("sum", "mean"):
+            p.output(p.op(op, p.op(bop, x, y), name=f"{op}_{bop}", dim=1, keepdim=True))
+    p.output(p.op("mul", p.exp(x), p.exp(y), name="exp_product"))
+    return p
+
+
+def _reduced_combinations_sgraph(p: Program) -> SGraph:
+    """sum(X + Y) as sum(X) + sum(Y) (means, differences alike), exp(X) exp(Y) as exp(X + Y)."""
+    b = SGraphBuilder.for_program(p)
+    k = b.graph(grid=[("x", "gx")])
+    xt, yt = k.input("X", [0], None), k.input("Y", [0], None)
+    names = []
+    for bop in ("add", "sub"):
+        for op in ("sum", "mean"):
+            both = k.op(bop, k.op(op, xt, dim=1, keepdim=True), k.op(op, yt, dim=1, keepdim=True))
+            names.append(k.output(k.acc(both), f"{op}_{bop}", [0]))
+    names.append(k.output(k.acc(k.op("exp", k.op("add", xt, yt))), "exp_product", [0]))
+    return b.build(names)
+
+
 def _negated_matmul_program() -> Program:
     p = Program("negated_mm")
     x, w = p.input("X", (4, 16), "f32"), p.input("W", (16, 12), "f32")
@@ -362,6 +438,10 @@ TARGETED = {
     "row-scaled matmul": (_scaled_matmul_program, _scaled_matmul_sgraph),
     "row mean over a loop": (_row_mean_program, _row_mean_sgraph),
     "negated operands of a matmul": (_negated_matmul_program, _negated_matmul_sgraph),
+    "reductions of every dim by one block walking the rows": (_whole_reductions_program, _whole_reductions_sgraph),
+    "nested reductions in the other order": (_nested_reductions_program, _nested_reductions_sgraph),
+    "reductions of sums and differences, exp of a sum": (_reduced_combinations_program,
+                                                         _reduced_combinations_sgraph),
     "a swapped difference and a scale on the other operand": (_swapped_difference_program,
                                                                _swapped_difference_sgraph),
     "elementwise ops of transposed operands, the kernel's output transposed": (_transposed_program,

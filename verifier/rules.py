@@ -192,6 +192,30 @@ def _ex_over_linear(kind: str) -> Callable[[np.random.Generator], Bindings]:
     return make
 
 
+def _ex_over_dim(unit: bool) -> Callable[[np.random.Generator], Bindings]:
+    """A tile family over axis x, reduced (or squeezed: then of size 1 there) along dim d."""
+
+    def make(rng: np.random.Generator) -> Bindings:
+        sizes = _axes(rng, "x")
+        dim = int(rng.choice([-1, -2]))
+        shape = [3, 4]
+        if unit:
+            shape[dim] = 1
+        return Bindings(tensors={"E": _family(rng, ["x"], sizes, tuple(shape))}, dims={"d": dim}, axes={"a": "x"},
+                        sizes=sizes)
+
+    return make
+
+
+def _ex_two_dims(rng: np.random.Generator) -> Bindings:
+    dims = [int(x) for x in rng.permutation([-1, -2, -3])[:2]]
+    return Bindings(tensors={"E": _rand(rng, 3, 4, 5)}, dims={"d": dims[0], "d2": dims[1]})
+
+
+def _ex_same_shape(rng: np.random.Generator) -> Bindings:
+    return Bindings(tensors={"A": _rand(rng, 3, 4), "B": _rand(rng, 3, 4)}, dims={"d": int(rng.choice([-1, -2]))})
+
+
 def _ex_indep(rng: np.random.Generator) -> Bindings:
     sizes = _axes(rng, "x")
     return Bindings(tensors={"E": _rand(rng, 2, 3)}, axes={"a": "x"}, sizes=sizes)
@@ -302,6 +326,12 @@ RULES: list[Rule] = [
     Rule("sum-over-scale", t.sum_over(t.binary("mul", A, B), a), t.binary("mul", t.sum_over(A, a), B),
          (("indep", B, a),), _ex_over_linear("scale")),
     Rule("mean-over-invariant", t.mean_over(E, a), E, (("indep", E, a),), _ex_indep),
+    # a sum or mean over loop iterations commutes with a sum or mean over a dim, and a squeeze
+    # (a one-block kernel walking X's rows sums each iteration's column sums: sum(sum(X)))
+    *[Rule(f"{over}-{op}", getattr(t, over)(t.reduce(op, E, d), a), t.reduce(op, getattr(t, over)(E, a), d), (),
+           _ex_over_dim(unit=False)) for over in ("sum_over", "mean_over") for op in ("sum", "mean")],
+    *[Rule(f"{over}-squeeze", getattr(t, over)(t.squeeze(E, d), a), t.squeeze(getattr(t, over)(E, a), d), (),
+           _ex_over_dim(unit=True)) for over in ("sum_over", "mean_over")],
     # -- signs move outward: a schedule may negate before or after a linear op ------------------
     Rule("neg-neg", t.unary("neg", t.unary("neg", A)), A, (), _ex_comm),
     Rule("matmul-neg-left", t.matmul(t.unary("neg", A), B), t.unary("neg", t.matmul(A, B)), (), _ex_row_scale),
@@ -314,6 +344,17 @@ RULES: list[Rule] = [
     Rule("sum-over-neg", t.sum_over(t.unary("neg", A), a), t.unary("neg", t.sum_over(A, a)), (), _ex_over_add),
     Rule("mean-over-neg", t.mean_over(t.unary("neg", A), a), t.unary("neg", t.mean_over(A, a)), (), _ex_over_add),
     # -- algebra ------------------------------------------------------------------------------
+    # sums and means over dims are linear: they commute (a kernel may reduce the columns first)
+    # and distribute over + and - (sum(X + Y) as sum(X) + sum(Y)); exp(A + B) is exp(A) exp(B).
+    # The oracle admits all of these, so the search builds such schedules.
+    *[Rule(f"{inner}-{outer}-commute", t.reduce(outer, t.reduce(inner, E, d), d2),
+           t.reduce(inner, t.reduce(outer, E, d2), d), (("ne_dim", d, d2),), _ex_two_dims)
+      for inner in ("sum", "mean") for outer in ("sum", "mean")],
+    *[Rule(f"{op}-of-{bop}", t.reduce(op, t.binary(bop, A, B), d),
+           t.binary(bop, t.reduce(op, A, d), t.reduce(op, B, d)), (), _ex_same_shape)
+      for op in ("sum", "mean") for bop in ("add", "sub")],
+    Rule("exp-of-add", t.unary("exp", t.binary("add", A, B)), t.binary("mul", t.unary("exp", A), t.unary("exp", B)),
+         (), _ex_same_shape),
     Rule("add-comm", t.binary("add", A, B), t.binary("add", B, A), (), _ex_comm),
     Rule("mul-comm", t.binary("mul", A, B), t.binary("mul", B, A), (), _ex_comm),
     Rule("mul-assoc", t.binary("mul", t.binary("mul", A, B), S), t.binary("mul", A, t.binary("mul", B, S)), (),
