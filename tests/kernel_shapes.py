@@ -5,6 +5,11 @@ dim."""
 from __future__ import annotations
 
 from superopt import Program
+from superopt.config import SearchConfig
+from superopt.search.kernel import KernelSearch
+from superopt.search.space import space_of
+from superopt.sgraph import SGraph
+from superopt.verifier.oracle import Oracle
 
 
 def projections() -> Program:
@@ -35,3 +40,10 @@ def softmax_of_transposed() -> Program:
     p = Program("softmax_t")
     p.output(p.softmax(p.transpose(p.input("X", (16, 64), "f32") @ p.input("W", (64, 32), "f32"), (1, 0)), -1))
     return p
+
+
+def candidate(program: Program, kinds: list[str]) -> SGraph:
+    """The first candidate, of a search with no time bound, whose kernels are of these kinds
+    ("graph" or "library"): the kernel shape to check, whichever the cost model would pick."""
+    ks = KernelSearch(program, space_of(program), Oracle(program), SearchConfig(max_kernel_ops=len(kinds)))
+    return next(sg for sg in ks.candidates() if [k.kind for k in sg.kernels] == kinds)

@@ -6,7 +6,7 @@ import json
 
 import numpy as np
 import pytest
-from kernel_shapes import norm_then_softmax, projections, softmax_of_transposed
+from kernel_shapes import candidate, norm_then_softmax, projections, softmax_of_transposed
 from typer.testing import CliRunner
 
 from superopt import Program, workloads
@@ -20,8 +20,6 @@ from superopt.interpreter import run_float
 from superopt.mutations import mutants
 from superopt.reference import evaluate, max_rel_err, random_inputs, undefined_node
 from superopt.search.driver import run_search
-from superopt.search.kernel import KernelSearch
-from superopt.search.space import space_of
 from superopt.sgraph import SGraph, TensorDecl, rebind
 from superopt.targets import TARGETS
 from superopt.verifier import constraints, finite_field
@@ -518,8 +516,7 @@ def test_searched_kernels_are_proved_and_their_mutants_never(h100, make, kinds):
     output wrong (a map moved, a replica for a split, an accumulator swapped, a reduction dim
     changed...) is refused by the e-graph and by finite fields."""
     p = make()
-    ks = KernelSearch(p, space_of(p), Oracle(p), SearchConfig(max_kernel_ops=len(kinds)))
-    sg = next(sg for sg in ks.candidates() if [k.kind for k in sg.kernels] == kinds)
+    sg = candidate(p, kinds)
     assert verify(p, sg, target=h100).proved
     inputs = random_inputs(p, 11)
     want = evaluate(p, inputs)
