@@ -9,6 +9,9 @@ and winners agree. The old code runs from a temporary `git worktree`; it must be
 far more than they cost.
 
     .venv/bin/python scripts/ab_search.py --against HEAD~1 [--workloads gqa,rmsnorm_mlp] [--rounds 2]
+
+A workload may also be a program JSON file (`scripts/programs/` holds programs that are no
+built-in workload but that a change was measured on).
 """
 
 from __future__ import annotations
@@ -31,10 +34,10 @@ import superopt
 superopt.__path__.insert(0, root)
 import superopt.search.driver as driver
 assert driver.__file__.startswith(root), driver.__file__
-from superopt import workloads
 from superopt.config import SearchConfig
+from superopt.loading import load_program
 from superopt.targets import TARGETS
-program = workloads.resolve(sys.argv[2])
+program = load_program(sys.argv[2])
 t0 = time.perf_counter()
 out = driver.run_search(program, TARGETS["h100"], SearchConfig(), budget_s=float(sys.argv[3]))
 print(json.dumps({"seconds": time.perf_counter() - t0, "states": out.stats.states,
@@ -57,7 +60,7 @@ def main() -> None:
     ap.add_argument("--budget-s", type=float, default=300.0)
     ap.add_argument("--json", default="out/ab_search.json")
     args = ap.parse_args()
-    specs = args.workloads.split(",")
+    specs = [str(Path(s).resolve()) if Path(s).is_file() else s for s in args.workloads.split(",")]
     with tempfile.TemporaryDirectory() as tmp:
         old = Path(tmp) / "old"
         subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(old), args.against],
@@ -78,10 +81,11 @@ def main() -> None:
         new_s = statistics.median(float(r["seconds"]) for r in runs[spec]["new"])
         o, n = runs[spec]["old"][0], runs[spec]["new"][0]
         same = o["winner"] == n["winner"]
-        rows.append({"workload": spec, "old_s": round(old_s, 2), "new_s": round(new_s, 2),
+        name = Path(spec).stem if Path(spec).is_file() else spec
+        rows.append({"workload": name, "old_s": round(old_s, 2), "new_s": round(new_s, 2),
                      "ratio": round(new_s / old_s, 3), "old_states": o["states"], "new_states": n["states"],
                      "same_winner": same, "runs": runs[spec]})
-        print(f"| {spec} | {old_s:.2f} | {new_s:.2f} | {new_s / old_s:.2f} | {o['states']} | {n['states']} | {same} |")
+        print(f"| {name} | {old_s:.2f} | {new_s:.2f} | {new_s / old_s:.2f} | {o['states']} | {n['states']} | {same} |")
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps({"against": args.against, "rows": rows}, indent=1))
     print(f"wrote {args.json}")

@@ -35,7 +35,8 @@ BINARY = ["add", "mul", "sub", "div"]
 def random_program(rng: random.Random, intermediate: bool = False, layouts: bool = False) -> Program:
     """A random program; `intermediate` sometimes returns the value fed to the product too (the
     draws before it are unchanged, so each seed's other programs stay the same); `layouts`
-    sometimes stores W transposed (read as transpose(W)) and returns the result transposed
+    sometimes stores W transposed (read as transpose(W)), transposes the product before the ops
+    after it (a transpose of a computed value in the middle) and returns the result transposed
     (drawn apart, leaving the other draws as they were)."""
     p = Program(f"fuzz{rng.randrange(10**6)}")
     dtype = rng.choice(["f16", "f16", "bf16", "f32"])
@@ -44,6 +45,7 @@ def random_program(rng: random.Random, intermediate: bool = False, layouts: bool
     layout = random.Random(f"{p.name}-layout")
     w_stored_transposed = layouts and layout.random() < 0.5
     out_transposed = layouts and layout.random() < 0.4
+    mid_transposed = layouts and layout.random() < 0.4
     swap = (*range(len(batch)), len(batch) + 1, len(batch))  # the last two dims exchanged
     x = p.input("X", (*batch, n, d), dtype)
     w = p.transpose(p.input("W", (*batch, e, d), dtype), swap) if w_stored_transposed else \
@@ -67,6 +69,8 @@ def random_program(rng: random.Random, intermediate: bool = False, layouts: bool
     out = t @ w
     if rng.random() < 0.3:
         out = p.op(rng.choice(["add", "mul"]), out, x @ p.input("V", (*batch, d, e), dtype))
+    if mid_transposed:
+        out = p.transpose(out, swap)
     if rng.random() < 0.3:
         out = p.op(rng.choice(UNARY[:4]), out)
     extra = [p.op(rng.choice(["sum", "max"]), out, dim=-1, keepdim=True)] if rng.random() < 0.2 else []
@@ -106,7 +110,7 @@ def main() -> None:
     ap.add_argument("--intermediate-outputs", action="store_true",
                     help="sometimes return the product's left operand as well (a value the kernel also computes from)")
     ap.add_argument("--layouts", action="store_true",
-                    help="sometimes store W transposed and return the result transposed (views)")
+                    help="sometimes store W transposed, transpose the product, return the result transposed")
     args = ap.parse_args()
     rows = []
     with tempfile.TemporaryDirectory() as cache:  # kept sGraphs of throwaway programs go nowhere

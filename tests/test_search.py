@@ -352,6 +352,82 @@ def test_views_at_the_edges_are_left_out_of_the_searched_program():
     assert ProgramViews(plain).program is plain and ProgramViews(plain).unfold(unfused_baseline(plain)).kernels[0].op == "exp"
 
 
+def _moved_transposes(kind: str) -> Program:
+    p = Program(kind)
+    x, w = p.input("X", (2, 8, 12), "f32"), p.input("W", (2, 12, 6), "f32")
+    if kind == "sunk":  # a softmax over the transposed product, a norm of it times an input
+        e = p.exp(p.transpose(x @ w, (0, 2, 1)))
+        s = e / p.sum(e, 1, keepdim=True)
+        p.output(p.rms_norm(s, -1) * p.input("Y", (2, 6, 8), "f32"), s)
+    elif kind == "sunk and cancelled":  # transposed back: returned as computed; returned and read
+        m = p.transpose(x @ w, (0, 2, 1))
+        p.output(p.transpose(p.exp(m), (0, 2, 1)), m, p.max(m, -1, keepdim=True))
+    elif kind == "pushed up past an input":  # an input's operand before a reduction: not sunk
+        e = p.exp(p.transpose(x @ w, (0, 2, 1))) * p.input("Y", (2, 6, 8), "f32")
+        p.output(e / p.sum(e, 1, keepdim=True))
+    elif kind == "pushed":  # read by a matmul: a projected K
+        q, v = p.input("Q", (2, 5, 6), "f32"), p.input("V", (2, 8, 4), "f32")
+        p.output(p.exp(q @ p.transpose(p.silu(x @ w) * 2.0, (0, 2, 1))) @ v)
+    elif kind == "read twice":  # the product is returned too: both would be computed
+        m = x @ w
+        p.output(p.exp(p.transpose(m, (0, 2, 1))) @ x, m)
+    elif kind == "batch dim":  # a transpose of a batch dim with a row dim does not pass a matmul
+        p.output(p.exp(p.transpose(x @ w, (1, 0, 2))) @ p.input("V", (8, 6, 4), "f32"))
+    else:  # a reduction that drops its dim ends the way up, a matmul the way down
+        p.output(p.transpose(p.sum(x @ w, 1), (1, 0)) @ p.input("V", (2, 4), "f32"))
+    return p
+
+
+@pytest.mark.parametrize("kind", ["sunk", "sunk and cancelled", "pushed", "pushed up past an input", "read twice", "batch dim", "dropped dim"])
+def test_transposes_of_computed_values_move_to_the_programs_edges(kind):
+    """A transpose in the middle of a program sinks to the outputs (returned as views, the other
+    operands on the way read as views of inputs) or is pushed up to views of inputs through
+    matmuls, so the searched program has no free kernel inside; where a value is read twice, or
+    an op does not commute with the transpose, it stays. The moved program computes the same
+    values (float64 reference on random inputs) and its schedules are proved against the
+    program itself."""
+    from superopt.reference import evaluate, random_inputs
+    from superopt.search.views import ProgramViews, _pushed
+    from superopt.verifier.verify import verify
+
+    p = _moved_transposes(kind)
+    views = ProgramViews(p)
+    computed = {n.id for n in p.topological() if n.op not in ("input", "const")}
+    moved = [n for n in views.program.topological() if n.op == "transpose"]
+    stays = [n.id for n in p.topological() if n.op == "transpose" and n.inputs[0] in computed]
+    assert [n.id for n in moved] == ([] if kind.startswith(("sunk", "pushed")) else stays)
+    if kind == "sunk":
+        assert [n.id for n in views.inputs] == ["Y_t"] and [n.id for _, n in views.outputs] == p.outputs
+    if kind == "sunk and cancelled":
+        assert not views.inputs and [n.id for _, n in views.outputs] == p.outputs[1:]
+        assert views.program.nodes[views.program.outputs[0]].inputs == (views.program.outputs[1],)  # exp(X @ W)
+    if kind.startswith("pushed"):
+        assert sorted(n.id for n in views.inputs) == ["W_t", "X_t"] and not views.outputs
+    pushed = _pushed(p)
+    inputs = random_inputs(p, seed=7)
+    for got, want in zip(evaluate(pushed, inputs), evaluate(p, inputs), strict=True):
+        assert got.shape == want.shape and abs(got - want).max() <= 1e-9 * max(1.0, abs(want).max())
+    assert verify(p, views.unfold(unfused_baseline(views.program))).proved
+
+
+def test_attention_over_a_projected_k_searches_no_view_in_the_middle(h100):
+    """exp(Q @ transpose(X @ WK)) ...: the transpose is pushed up to views of X and WK, so the
+    search's launch bounds hold (`Space.launches`) and one fused kernel computes the projection,
+    the scores and their product with V (the transposed product was a free kernel between a
+    library matmul and the fused one, and with the bounds off the search took minutes at the
+    published shapes)."""
+    p = Program("projected_k")
+    q, x = p.input("Q", (2, 16, 32), "f16"), p.input("X", (2, 64, 32), "f16")
+    e = p.exp(q @ p.transpose(x @ p.input("WK", (2, 32, 32), "f16"), (0, 2, 1)))
+    p.output(p.matmul(e / p.sum(e, -1, keepdim=True), p.input("V", (2, 64, 32), "f16")))
+    outcome = run_search(p, h100, SearchConfig())
+    sg = outcome.best.sgraph
+    assert outcome.best.verdict.proved and not outcome.stats.budget_exhausted
+    assert [getattr(k, "op", "graph") for k in sg.kernels] == ["transpose", "transpose", "graph"]
+    assert sorted(sg.views.values()) == [("WK", (0, 2, 1)), ("X", (0, 2, 1))]
+    assert space_of(Searcher(p, h100, SearchConfig()).search.program).launches(2) == 2
+
+
 def test_an_input_read_only_through_a_view_may_share_a_name_with_a_searched_tensor(h100):
     """The searched program does not take an input read only through views; the search may name
     a tensor of its own like it (`t0`), which unfolding renames instead of defining twice."""
