@@ -30,6 +30,7 @@ states.)
 from __future__ import annotations
 
 import hashlib
+import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import combinations, product
@@ -940,9 +941,11 @@ def _side_by_side(
     s: BlockState, root_dims: list[tuple[int, ...]], outs: list[int], candidates: set[int],
 ) -> list[frozenset[int]]:
     """Grid axes over independent outputs side by side (X @ Wq and X @ Wk, split along their
-    columns by one axis: a fused projection): one class of each output, all of one size, none
-    of them in every output, each standing for a program dim class of one block input only (its
-    own weight's: what the search's floors assume, `KernelSearch._middle_own`)."""
+    columns by one axis: a fused projection): one class of each output, none of them in every
+    output, each standing for a program dim class of one block input only (its own weight's:
+    what the search's floors assume, `KernelSearch._middle_own`), their sizes with a common
+    divisor over 1 (the axis size divides each: grouped-query attention's K and V projections are
+    narrower than Q's, their tiles too)."""
     cl = s.classes
     owners: dict[int, int] = {}
     for k, t in enumerate(s.tiles):
@@ -954,7 +957,7 @@ def _side_by_side(
     found: list[frozenset[int]] = []
     for pick in product(*choices):
         axis = frozenset(pick)
-        if len(axis) > 1 and len({cl.size[c] for c in axis}) == 1 and axis not in found:
+        if len(axis) > 1 and math.gcd(*(cl.size[c] for c in axis)) > 1 and axis not in found:
             found.append(axis)
     return found
 

@@ -655,12 +655,11 @@ class KernelSearch:
 
     def _output_axes(self, missing: tuple[int, ...]) -> list[tuple[frozenset[int], int]]:
         """The grid axes a kernel writing exactly these program outputs may have: (program dim
-        classes it splits, their size). One class of each output: one they all have, or classes
-        of one size side by side (`block._side_by_side`)."""
+        classes it splits, a size the axis size divides). One class of each output: one they all
+        have, or classes side by side (`block._side_by_side`), whose sizes' gcd the axis divides."""
         choices = [[(c, d.int_value()) for c, d in zip(self._output_classes[i], self._outputs[i].size_shape,
                                                        strict=True) if c != NO_CLASS] for i in missing]
-        axes = {(frozenset(c for c, _ in pick), pick[0][1]) for pick in product(*choices)
-                if len({size for _, size in pick}) == 1}
+        axes = {(frozenset(c for c, _ in pick), math.gcd(*(size for _, size in pick))) for pick in product(*choices)}
         return sorted(axes, key=lambda a: (sorted(a[0]), a[1]))
 
     def _reads_inputs(self, tensors: tuple[int, ...], rereads: bool | None) -> bool:
@@ -828,13 +827,13 @@ class KernelSearch:
         key = (read, tuple(sorted(sizes.items())), tuple(sorted(owners.items())))
         hit = self._middle_owns.get(key)
         if hit is None:
-            # Each class alone, and the classes of one size that one tensor each has together (its
-            # outputs, not known yet, may take them side by side: `block._side_by_side`), as
-            # often as disjoint pairs of them can be axes.
+            # Each class alone, and the classes that one tensor each has together (its outputs,
+            # not known yet, may take them side by side: `block._side_by_side`; an axis over
+            # some of them divides each one's size, so it divides their lcm), as often as
+            # disjoint pairs of them can be axes.
             axes = [(frozenset({c}), size) for c, size in sizes.items()]
-            for size in set(sizes.values()):
-                group = frozenset(c for c, n in sizes.items() if n == size and owners[c] == 1)
-                axes += [(group, size)] * min(len(group) // 2, self.config.max_grid_axes)
+            group = frozenset(c for c in sizes if owners[c] == 1)
+            axes += [(group, math.lcm(*(sizes[c] for c in group)))] * min(len(group) // 2, self.config.max_grid_axes)
             hit = self._middle_owns[key] = costmodel.whole_reduction_floor(
                 self.target, read, 0.0, axes, self.config.max_grid_axes)
         return max(own, hit)

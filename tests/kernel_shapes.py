@@ -21,6 +21,15 @@ def projections() -> Program:
     return p
 
 
+def grouped_projections() -> Program:
+    """Q, K and V projections of grouped-query attention (K and V narrower than Q): side by side
+    too, each weight's tile its width over the axis size."""
+    p = Program("qkv_grouped")
+    x = p.input("X", (8, 64), "f16")
+    p.output(*[x @ p.input(w, (64, width), "f16") for w, width in (("Wq", 64), ("Wk", 16), ("Wv", 16))])
+    return p
+
+
 def norm_then_softmax() -> Program:
     """softmax over rows of an rms_norm over columns: no dim left for a grid axis to split."""
     p = Program("norm_softmax")

@@ -9,7 +9,14 @@ from dataclasses import replace
 import pytest
 from cuda_harness import runner
 from cuda_harness.cases import H100, param_choices
-from kernel_shapes import candidate, norm_then_softmax, projections, softmax_of_transposed, total
+from kernel_shapes import (
+    candidate,
+    grouped_projections,
+    norm_then_softmax,
+    projections,
+    softmax_of_transposed,
+    total,
+)
 
 from superopt import Program, workloads
 from superopt.codegen import generate
@@ -64,7 +71,8 @@ def _exp_sum_scaled() -> Program:
 
 
 @pytest.mark.skipif(runner.gxx() is None, reason="g++ is not on PATH: the CPU harness needs it")
-@pytest.mark.parametrize("make", [_residual_rmsnorm, _exp_sum_scaled, projections, norm_then_softmax, total])
+@pytest.mark.parametrize("make", [_residual_rmsnorm, _exp_sum_scaled, projections, grouped_projections,
+                                  norm_then_softmax, total])
 def test_a_kernel_writing_every_value_the_program_returns_runs_correctly(h100, make):
     """One searched kernel writes every output, values the body also reads from included (the
     residual sum is an accumulator its rms_norm reads), outputs split side by side by one grid

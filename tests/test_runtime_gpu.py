@@ -8,7 +8,14 @@ import dataclasses
 
 import pytest
 from cuda_harness.cases import H100, NAMES, VARIANTS, ci_cases, variant, variant_cases
-from kernel_shapes import candidate, norm_then_softmax, projections, softmax_of_transposed, total
+from kernel_shapes import (
+    candidate,
+    grouped_projections,
+    norm_then_softmax,
+    projections,
+    softmax_of_transposed,
+    total,
+)
 
 from superopt import workloads
 from superopt.build import unfused_baseline
@@ -81,7 +88,8 @@ def test_a_kernel_reading_a_transposed_view_matches_the_reference_on_gpu(searche
     check(program, _device_program(generate(instantiate(unfused_baseline(program), {}, H100))), seed=3)
 
 
-@pytest.mark.parametrize(("make", "kinds"), [(projections, ["graph"]), (norm_then_softmax, ["graph"]),
+@pytest.mark.parametrize(("make", "kinds"), [(projections, ["graph"]), (grouped_projections, ["graph"]),
+                                              (norm_then_softmax, ["graph"]),
                                               (total, ["graph"]), (softmax_of_transposed, ["graph", "library"])])
 def test_kernels_of_the_less_common_shapes_match_the_reference_on_gpu(make, kinds):
     """Outputs split side by side by one grid axis, one block over a size-1 axis, a softmax over

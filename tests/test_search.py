@@ -204,17 +204,20 @@ def test_a_free_view_kernel_after_a_fused_one_is_not_cut_by_the_bound(h100, monk
     assert exhaustive.best.sgraph.dumps() == outcome.best.sgraph.dumps()
 
 
-@pytest.mark.parametrize("weights", [2, 3])
-def test_independent_projections_are_fused_side_by_side(h100, monkeypatch, weights):
+@pytest.mark.parametrize("widths", [(1024, 1024), (1024, 1024, 1024), (2048, 512, 512)])
+def test_independent_projections_are_fused_side_by_side(h100, monkeypatch, widths):
     """(X @ Wq, X @ Wk[, X @ Wv]): the outputs share no column class, yet one grid axis may split
     the columns of every weight side by side; one kernel reads X once per block and replaces the
-    library matmuls. The bounds know such axes (`_output_axes`): the search with bounds keeps the
-    kernel a search without any bound finds (with two weights they cut it before)."""
+    library matmuls. Also when the widths differ (grouped-query attention's narrower K and V:
+    each weight's tile is its width over the axis size, which divides every width). The bounds
+    know such axes (`_output_axes`): the search with bounds keeps the kernel a search without
+    any bound finds (with two weights they cut it before)."""
+    weights = len(widths)
 
     def program() -> Program:
         p = Program("projections")
         x = p.input("X", (16, 1024), "f16")
-        p.output(*[x @ p.input(f"W{i}", (1024, 1024), "f16") for i in range(weights)])
+        p.output(*[x @ p.input(f"W{i}", (1024, width), "f16") for i, width in enumerate(widths)])
         return p
 
     outcome = run_search(program(), h100, SearchConfig())

@@ -6,7 +6,7 @@ import json
 
 import numpy as np
 import pytest
-from kernel_shapes import candidate, norm_then_softmax, projections, softmax_of_transposed
+from kernel_shapes import candidate, grouped_projections, norm_then_softmax, projections, softmax_of_transposed
 from typer.testing import CliRunner
 
 from superopt import Program, workloads
@@ -508,9 +508,10 @@ def test_mutants_are_never_proved(name, h100):
 
 @pytest.mark.parametrize(("make", "kinds"), [
     (projections, ["graph"]),  # one grid axis splits the columns of Wq, Wk and Wv side by side
+    (grouped_projections, ["graph"]),  # the same over weights of different widths
     (softmax_of_transposed, ["graph", "library"]),  # the softmax over columns of X W, then a view
     (norm_then_softmax, ["graph"]),  # one block: no dim is left to split
-], ids=["side by side", "transposed dim", "one block"])
+], ids=["side by side", "side by side, grouped", "transposed dim", "one block"])
 def test_searched_kernels_are_proved_and_their_mutants_never(h100, make, kinds):
     """Kernels of the search's newer shapes: proved, and each of their mutants that computes some
     output wrong (a map moved, a replica for a split, an accumulator swapped, a reduction dim
