@@ -947,18 +947,26 @@ def test_an_added_constant_is_told_from_a_norms_epsilon(h100):
     assert not outcome.rejected  # the eps variant is not even generated
 
 
-@pytest.mark.parametrize(("spec", "depth"), [("gqa:ci", 2), ("lora:ci", 3)])
-def test_graphs_whose_last_kernel_merges_computed_tensors_come_first(spec, depth):
+@pytest.mark.parametrize(("spec", "depth", "first"), [("gqa:ci", 2, (0, 1, 2)), ("lora:ci", 3, (0, 2))])
+def test_graphs_whose_last_kernel_merges_computed_tensors_come_first(spec, depth, first):
     """Within a shard, graphs whose last kernel reads only computed tensors (a merge, a division)
-    are produced before those whose last kernel reads program inputs again; the candidates are the
-    same as one pass over the subtree produces (kernels before the last one are not filtered)."""
+    are produced before those whose last kernel reads program inputs again (from three kernels
+    on, within each kind of second kernel: library ones first); the candidates are the same as
+    one pass over the subtree produces (kernels before the last one are not filtered)."""
+    from superopt.search.kernel import MIDDLES
+
     program = workloads.resolve(spec)
     inputs = {n.id for n in program.inputs}
     ks = KernelSearch(program, space_of(program), Oracle(program), SearchConfig())
-    two_pass = list(ks.candidates_in(depth, ("graph", (0, 1, 2))))
-    rereads = [bool(set(sg.kernels[-1].tensor_inputs) & inputs) for sg in two_pass]
-    assert rereads == sorted(rereads) and rereads[0] is False and rereads[-1] is True
-    firsts = ks._graph_moves(ks.initial(), False, only=(0, 1, 2))
+    two_pass = list(ks.candidates_in(depth, ("graph", first)))
+    passes = [list(ks.candidates_in(depth, ("graph", first), middle=kind)) for kind in MIDDLES] \
+        if depth >= 3 else [two_pass]
+    assert [sg.dumps() for sg in two_pass] == [sg.dumps() for part in passes for sg in part]
+    for part in passes:
+        rereads = [bool(set(sg.kernels[-1].tensor_inputs) & inputs) for sg in part]
+        assert rereads == sorted(rereads)
+    assert {bool(set(sg.kernels[-1].tensor_inputs) & inputs) for sg in passes[-1]} == {False, True}
+    firsts = ks._graph_moves(ks.initial(), False, only=first)
     one_pass = [sg for st in firsts for sg in ks._at_depth(st, depth)]
     assert sorted(sg.dumps() for sg in two_pass) == sorted(sg.dumps() for sg in one_pass)
 

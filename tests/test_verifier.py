@@ -356,7 +356,7 @@ def _negated_rows_sgraph(p: Program, kind: str) -> SGraph:
 
 
 def _split_k_program(kind: str) -> Program:
-    """(X @ A) then a matmul on the left or right, or a row scale."""
+    """(X @ A) then a matmul on the left or right, or a row scale (mul) or division (div)."""
     p = Program(f"splitk_{kind}")
     x = p.input("X", (4, 16), "f32")
     a = p.input("A", (16, 8), "f32")
@@ -365,7 +365,7 @@ def _split_k_program(kind: str) -> Program:
     elif kind == "right":
         p.output(p.op("matmul", p.input("C", (12, 4), "f32"), x @ a, name="O"))
     else:
-        p.output(p.op("mul", x @ a, p.input("S", (4, 1), "f32"), name="O"))
+        p.output(p.op(kind, x @ a, p.input("S", (4, 1), "f32"), name="O"))
     return p
 
 
@@ -384,7 +384,7 @@ def _split_k_sgraph(p: Program, kind: str) -> SGraph:
     elif kind == "right":
         body = k2.op("matmul", k2.input("C", [None], None), k2.input("P", [1], 0))
     else:
-        body = k2.op("mul", k2.input("P", [0], 1), k2.input("S", [0], None))
+        body = k2.op(kind, k2.input("P", [0], 1), k2.input("S", [0], None))
     k2.output(k2.acc(body), "O", [1 if kind == "right" else 0])
     return b.build(["O"])
 
@@ -420,8 +420,10 @@ TARGETED = {
                                                           lambda p: _split_k_sgraph(p, "left")),
     "split-K, then a matmul on the left of each chunk": (lambda: _split_k_program("right"),
                                                          lambda p: _split_k_sgraph(p, "right")),
-    "split-K, then a row scale of each chunk": (lambda: _split_k_program("scale"),
-                                                lambda p: _split_k_sgraph(p, "scale")),
+    "split-K, then a row scale of each chunk": (lambda: _split_k_program("mul"),
+                                                lambda p: _split_k_sgraph(p, "mul")),
+    "split-K, then a row division of each chunk": (lambda: _split_k_program("div"),
+                                                   lambda p: _split_k_sgraph(p, "div")),
     "elementwise with replicated and constant operands": (_elementwise_program, _elementwise_sgraph),
     "row max": (_rowmax_program, _rowmax_sgraph),
     "sum without keepdim, rows split": (lambda: _squeeze_program(1), lambda p: _squeeze_sgraph(p, 1)),

@@ -184,8 +184,10 @@ def _ex_over_add(rng: np.random.Generator) -> Bindings:
 def _ex_over_linear(kind: str) -> Callable[[np.random.Generator], Bindings]:
     def make(rng: np.random.Generator) -> Bindings:
         sizes = _axes(rng, "x")
-        varying, fixed = {"left": ((2, 3), (3, 4)), "right": ((3, 4), (2, 3)), "scale": ((2, 3), (2, 3))}[kind]
+        varying, fixed = {"left": ((2, 3), (3, 4)), "right": ((3, 4), (2, 3))}.get(kind, ((2, 3), (2, 3)))
         tensors = {"A": _family(rng, ["x"], sizes, varying), "B": _rand(rng, *fixed)}
+        if kind == "divide":  # a divisor away from 0
+            tensors["B"] = np.abs(tensors["B"]) + 0.5
         if kind == "right":
             tensors = {"A": _rand(rng, *fixed), "B": _family(rng, ["x"], sizes, varying)}
         return Bindings(tensors=tensors, axes={"a": "x"}, sizes=sizes)
@@ -325,6 +327,8 @@ RULES: list[Rule] = [
          _ex_over_linear("right")),
     Rule("sum-over-scale", t.sum_over(t.binary("mul", A, B), a), t.binary("mul", t.sum_over(A, a), B),
          (("indep", B, a),), _ex_over_linear("scale")),
+    Rule("sum-over-divide", t.sum_over(t.binary("div", A, B), a), t.binary("div", t.sum_over(A, a), B),
+         (("indep", B, a),), _ex_over_linear("divide")),
     Rule("mean-over-invariant", t.mean_over(E, a), E, (("indep", E, a),), _ex_indep),
     # a sum or mean over loop iterations commutes with a sum or mean over a dim, and a squeeze
     # (a one-block kernel walking X's rows sums each iteration's column sums: sum(sum(X)))
