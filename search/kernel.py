@@ -156,7 +156,7 @@ class KernelSearch:
                                 for o in self.program.outputs]
         self._whole_floors: dict[tuple[Any, ...], float] = {}  # last kernel's inputs -> `_whole_floor`
         self._middle_owns: dict[tuple[Any, ...], float] = {}  # a middle kernel's inputs -> `_middle_own`
-        self._free_kernels = self.space.launches(1) == 0  # any kernel to come may be a free view
+        self._free_kernels = self.space.free_kernels != 0  # a kernel to come may be a free view
         # Each grid axis splits a divisor of a program dim: the least latency of a loop iteration.
         self._iteration_s = 0.0 if self.target is None else costmodel.iteration_floor(
             self.target, _block_counts(self.program, self.config.max_grid_axes))

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from superopt import costmodel, ops
+from superopt import ops
 from superopt.program import Program
 
 # Composites with a reduction, and the primitives a fused schedule splits them into.
@@ -33,14 +33,14 @@ class Space:
     library_ops: tuple[str, ...]  # ops a library kernel may run: the program's own ops
     constants: tuple[float, ...]
     keepdim_false: bool  # whether reductions that drop their dim appear in the program
+    free_kernels: int | None = 0  # kernels of a schedule that may be free views (None: any number)
 
     def rank(self, op: str) -> int:
         return self.block_ops.index(op) if op in self.block_ops else len(self.block_ops) + (op == "acc")
 
     def launches(self, kernels: int) -> int:
-        """The fewest launches that many kernels pay: none when a library op of this space is free
-        (a reshape or a transpose: a view), as each of them may be one."""
-        return 0 if any(op in costmodel.FREE_OPS for op in self.library_ops) else kernels
+        """The fewest launches that many kernels pay: all but those that may be free views."""
+        return 0 if self.free_kernels is None else max(0, kernels - self.free_kernels)
 
 
 def space_of(program: Program) -> Space:
@@ -66,7 +66,18 @@ def space_of(program: Program) -> Space:
             consts.append(float(n.attrs["eps"]))
     block = tuple(op for op in _ORDER if op in seen and op not in UNSUPPORTED)
     library = tuple(op for op in _ORDER if op in written)
-    return Space(block, library, tuple(dict.fromkeys(consts)), keepdim_false)
+    return Space(block, library, tuple(dict.fromkeys(consts)), keepdim_false, _free_kernels(program))
+
+
+def _free_kernels(program: Program) -> int | None:
+    """How many kernels of a schedule the prover can prove may be free views: one per reshape of
+    the program (no prover rule moves a reshape, so such a schedule reshapes only the values the
+    program reshapes, and it computes no value twice; the oracle's abstract values do not tell a
+    reshape apart, so the search still builds schedules reshaping other values, never proved), any
+    number where the program transposes (the prover's transpose rules make transposed values of
+    many others)."""
+    written = [n.op for n in program.topological()]
+    return None if "transpose" in written else sum(op == "reshape" for op in written)
 
 
 # The canonical order of op types (the generator adds ops in increasing (operands, rank) order).

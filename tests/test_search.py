@@ -431,6 +431,24 @@ def test_attention_over_a_projected_k_searches_no_view_in_the_middle(h100):
     assert space_of(Searcher(p, h100, SearchConfig()).search.program).launches(2) == 2
 
 
+def test_a_reshape_between_kernels_takes_one_launch_off_the_bounds_not_all(h100):
+    """A reshape of a computed value stays in the searched program as a free kernel. Each of the
+    program's reshapes may be one free kernel of a provable schedule (no prover rule moves a
+    reshape, and no value is computed twice), so the launch bounds charge the other kernels; they
+    were off altogether (`rms_norm` of per-head slices of exp(X) * Y: 863,336 states and the
+    whole 200 s budget, now a complete search of some 21,000). A transpose the program keeps in
+    its middle still turns them off: the prover makes transposed values of many others."""
+    p = Program("heads")
+    x, y = p.input("X", (16, 1024), "f16"), p.input("Y", (16, 1024), "f16")
+    p.output(p.rms_norm(p.reshape(p.exp(x) * y, (16, 8, 128)), -1))
+    assert space_of(p).free_kernels == 1 and space_of(p).launches(3) == 2
+    outcome = run_search(p, h100, SearchConfig(), budget_s=120)
+    assert not outcome.stats.budget_exhausted and outcome.best.verdict.proved
+    assert [getattr(k, "op", "graph") for k in outcome.best.sgraph.kernels] == ["graph", "reshape", "rms_norm"]
+    kept = _moved_transposes("read twice")
+    assert space_of(kept).free_kernels is None and space_of(kept).launches(3) == 0
+
+
 def test_an_input_read_only_through_a_view_may_share_a_name_with_a_searched_tensor(h100):
     """The searched program does not take an input read only through views; the search may name
     a tensor of its own like it (`t0`), which unfolding renames instead of defining twice."""
