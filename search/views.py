@@ -33,7 +33,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from superopt import ops
-from superopt.program import Node, Program, Tensor
+from superopt.program import Node, Program, ProgramError, Tensor
 from superopt.sgraph import LibraryKernel, SGraph, TensorDecl, renamed
 
 VIEWS = ("transpose", "reshape")  # ops whose result, over a stored tensor, is a view of it
@@ -150,9 +150,16 @@ def _pushed(p: Program) -> Program:
             q.nodes[n.id] = Node(n.id, n.op, tuple(ids[i] for i in n.inputs), n.attrs, n.shape, n.dtype)
         ids[n.id] = pushed or n.id
     q.outputs = [o if o in sunk else ids[o] for o in p.outputs]
+    if len(set(q.outputs)) < len(q.outputs):
+        return p  # transposes that cancel return a value returned already: a program returns it once
     live = q._live()
     q.nodes = {k: n for k, n in q.nodes.items() if k in live}  # what the moved transposes left unread
-    return p if list(q.nodes.values()) == list(p.nodes.values()) and q.outputs == p.outputs else q.validate()
+    if list(q.nodes.values()) == list(p.nodes.values()) and q.outputs == p.outputs:
+        return p
+    try:
+        return q.validate()
+    except ProgramError:  # more nodes than a program may have (views of inputs, of outputs added)
+        return p
 
 
 @dataclass

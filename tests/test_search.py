@@ -413,6 +413,38 @@ def test_transposes_of_computed_values_move_to_the_programs_edges(kind):
     assert verify(p, views.unfold(unfused_baseline(views.program))).proved
 
 
+@pytest.mark.parametrize("perms", [[(1, 0), (1, 0)], [(0, 1)]], ids=["cancelled", "identity"])
+def test_transposes_returning_a_value_returned_already_stay(h100, perms):
+    """(M, transpose(transpose(M))) and (M, transpose(M, identity)): moved, the transposes would
+    return M twice, which a program cannot; they stay, and the search proves a schedule."""
+    from superopt.search.views import ProgramViews
+
+    p = Program("returned_twice")
+    m = p.exp(p.input("X", (4, 6), "f32") @ p.input("W", (6, 5), "f32"))
+    t = m
+    for perm in perms:
+        t = p.transpose(t, perm)
+    p.output(m, t)
+    assert len(set(ProgramViews(p).program.outputs)) == 2
+    outcome = run_search(p, h100, SearchConfig(max_kernel_ops=3))
+    assert outcome.best.verdict.proved
+
+
+def test_a_program_at_the_node_limit_keeps_its_transposes():
+    """Pushed up, a transpose adds the views of two inputs for itself and the product: a program
+    at the node limit would pass it, so it is searched as written."""
+    from superopt.program import MAX_NODES
+    from superopt.search.views import ProgramViews
+
+    p = Program("full")
+    x, w, v = (p.input(n, (4, 4), "f32") for n in ("X", "W", "V"))
+    t = p.transpose(x @ w, (1, 0)) @ v
+    while len(p.nodes) < MAX_NODES:
+        t = p.exp(t)
+    p.output(t)
+    assert ProgramViews(p).program is p
+
+
 def test_attention_over_a_projected_k_searches_no_view_in_the_middle(h100):
     """exp(Q @ transpose(X @ WK)) ...: the transpose is pushed up to views of X and WK, so the
     search's launch bounds hold (`Space.launches`) and one fused kernel computes the projection,
