@@ -215,21 +215,19 @@ class _Pusher:
         """Node `n` of a sunk transpose's way (`sinks`) computed in the layout before the transpose:
         its other operands viewed by the inverse permutation, its dim the one it was before."""
         inverse = tuple(perm.index(d) for d in range(len(perm)))
-        operands = [ids[i] if i in sunk or not self.p.nodes[i].shape else self.transposed(ids, i, inverse)
+        operands = [ids[i] if i in sunk or not self.p.nodes[i].shape else self._view(ids, i, inverse)
                     for i in n.inputs]
         attrs = dict(n.attrs)
         if "dim" in attrs:
             attrs["dim"] = perm[ops.normalize_dim(attrs["dim"], len(perm))]
-        return self._add(n.op, [o for o in operands if o is not None], attrs, n.id)
+        return self._add(n.op, operands, attrs, n.id)
 
     def transposed(self, ids: dict[str, str], nid: str, perm: tuple[int, ...]) -> str | None:
         n = self.p.nodes[nid]
         if perm == tuple(range(len(perm))):
             return ids[nid]
         if n.op == "input":
-            if (nid, perm) not in self.views:
-                self.views[nid, perm] = self._add("transpose", [ids[nid]], {"perm": perm}, nid)
-            return self.views[nid, perm]
+            return self._view(ids, nid, perm)
         if n.op == "const" or self.readers[nid] != 1:
             return None
         if n.op == "transpose":
@@ -255,6 +253,12 @@ class _Pusher:
         if any(o is None for o in operands):
             return None
         return self._add(n.op, [o for o in operands if o is not None], attrs, nid)
+
+    def _view(self, ids: dict[str, str], nid: str, perm: tuple[int, ...]) -> str:
+        """Input `nid` transposed by `perm`: one view per input and permutation."""
+        if (nid, perm) not in self.views:
+            self.views[nid, perm] = self._add("transpose", [ids[nid]], {"perm": perm}, nid)
+        return self.views[nid, perm]
 
     def _add(self, op: str, operands: list[str], attrs: dict[str, object], of: str) -> str:
         """A node of `q` standing for the transpose of node `of` of `p`, named after it."""
