@@ -845,3 +845,31 @@ def test_check_inputs_keep_attention_logits_inside_f16(kind):
     p = _attention_with_k(kind)
     assert undefined_node(p) is None
     assert verify(p, unfused_baseline(p)).proved
+
+
+def test_e_graphs_made_on_one_thread_are_not_left_for_another_to_drop(monkeypatch):
+    """egglog's engine may only be dropped by the thread that made it, and its Python state sits in
+    reference cycles; a proof or an oracle built on a worker thread and collected on another (a
+    job's heartbeat, a service's request thread) raised in the collector and leaked the engine.
+    Each e-graph's engine is dropped where it was made (`egraph.dropped_here`)."""
+    import gc
+    import sys
+    import threading
+
+    from superopt.verifier.egraph import prove
+    from superopt.verifier.oracle import Oracle
+    from superopt.verifier.terms import inp
+
+    raised: list[str] = []
+    monkeypatch.setattr(sys, "unraisablehook", lambda u: raised.append(repr(u.exc_value)))
+    gc.collect()
+    gc.disable()
+    try:
+        worker = threading.Thread(target=lambda: (prove([(inp("X"), inp("X"))], []),
+                                                  Oracle(workloads.resolve("lora:ci"))))
+        worker.start()
+        worker.join()
+        assert gc.collect() > 0  # the cycles are collected here, on the main thread
+    finally:
+        gc.enable()
+    assert raised == []

@@ -14,7 +14,8 @@ from __future__ import annotations
 import functools
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -218,12 +219,29 @@ class ProofResult:
         }
 
 
+@contextmanager
+def dropped_here() -> Iterator[EGraph]:
+    """A new e-graph whose engine is dropped when the block ends, by the thread that made it.
+    egglog's engine may only be dropped by its own thread, but its Python state sits in
+    reference cycles that the garbage collector frees on whichever thread it runs (a job
+    worker's heartbeat, a service's request thread): the engine then leaks with a RuntimeError
+    printed. (The state's engine field is egglog's own; nothing else reaches it.)"""
+    egraph = EGraph()
+    try:
+        yield egraph
+    finally:
+        egraph._state.egraph = None  # type: ignore[assignment]
+
+
 def prove(pairs: Sequence[tuple[Term, Term]], axes: Sequence[str], limits: Limits | None = None) -> ProofResult:
     """Decide whether each (lhs, rhs) pair is equal under the rules (one proof for all pairs)."""
-    limits = limits or Limits()
+    with dropped_here() as egraph:
+        return _prove(egraph, pairs, axes, limits or Limits())
+
+
+def _prove(egraph: EGraph, pairs: Sequence[tuple[Term, Term]], axes: Sequence[str], limits: Limits) -> ProofResult:
     t0 = time.perf_counter()
     conv = _Converter()
-    egraph = EGraph()
     if axes:
         egraph.register(*(axis_fact(String(x)) for x in sorted(set(axes))))
     goals: list[Fact] = []

@@ -37,6 +37,7 @@ from egglog import EGraph, Expr, StringLike, birewrite, i64, i64Like, ne, rewrit
 from superopt.dimclasses import NO_CLASS, input_classes
 from superopt.primitives import Algebra, apply
 from superopt.program import Program
+from superopt.verifier.egraph import dropped_here
 from superopt.verifier.reach import Reach
 
 AE = tuple[Any, ...]  # ("inp", name) | ("c",) | ("k", factor) | ("sum" | "max", dim class, x) | (op, *children)
@@ -264,25 +265,25 @@ class Oracle:
     def __init__(self, program: Program, iterations: int = 12, node_limit: int = 20_000) -> None:
         t0 = time.perf_counter()
         values = abstract_program(program)
-        # A local: egglog's e-graph may only be dropped by the thread that made it, and an oracle
-        # can outlive its thread (a service's search) and be collected elsewhere. The hash-cons
-        # below is all that queries need.
-        egraph = EGraph()
+        # Not kept: egglog's e-graph may only be dropped by the thread that made it (`dropped_here`),
+        # and an oracle can outlive its thread (a service's search). The hash-cons below is all
+        # that queries need.
         outputs = [values[o][0] for o in program.outputs]
-        for i, e in enumerate(outputs):
-            egraph.let(f"target{i}", to_egg(e))
-        it, saturated = 0, False
-        while it < iterations:
-            report = egraph.run(AXIOMS)
-            it += 1
-            if not report.updated:
-                saturated = True
-                break
-            if sum(n for _, n in egraph.all_function_sizes()) > node_limit:
-                break
-        enodes = sum(n for _, n in egraph.all_function_sizes())
+        with dropped_here() as egraph:
+            for i, e in enumerate(outputs):
+                egraph.let(f"target{i}", to_egg(e))
+            it, saturated = 0, False
+            while it < iterations:
+                report = egraph.run(AXIOMS)
+                it += 1
+                if not report.updated:
+                    saturated = True
+                    break
+                if sum(n for _, n in egraph.all_function_sizes()) > node_limit:
+                    break
+            enodes = sum(n for _, n in egraph.all_function_sizes())
+            self._nodes = _hashcons(egraph)
         self.alg = AbstractAlgebra(constants_of(program))  # for the search's abstract values
-        self._nodes = _hashcons(egraph)
         self._classes: dict[AE, str | None] = {}
         self._targets = [self.class_of(e) for e in outputs]
         self.stats = OracleStats((time.perf_counter() - t0) * 1e3, enodes, it, saturated)
