@@ -33,7 +33,7 @@ class Space:
     library_ops: tuple[str, ...]  # ops a library kernel may run: the program's own ops
     constants: tuple[float, ...]
     keepdim_false: bool  # whether reductions that drop their dim appear in the program
-    free_kernels: int | None = 0  # kernels of a schedule that may be free views (None: any number)
+    free_kernels: int | None  # kernels of a schedule that may be free views (None: any number)
 
     def rank(self, op: str) -> int:
         return self.block_ops.index(op) if op in self.block_ops else len(self.block_ops) + (op == "acc")
