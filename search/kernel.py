@@ -39,19 +39,10 @@ from superopt.dtypes import dtype as get_dtype
 from superopt.object_cache import BoundedDict, ObjectCache
 from superopt.primitives import apply
 from superopt.program import Node, Program, Tensor
-from superopt.search.block import (
-    MAX_OUTPUTS,
-    BlockState,
-    Body,
-    Chunk,
-    Generator,
-    InputSpec,
-    Lazy,
-    resolve,
-    resolve_fixed,
-)
+from superopt.search.block import MAX_OUTPUTS, BlockState, Body, Generator, InputSpec, Lazy
 from superopt.search.fingerprint import fingerprint, random_inputs
 from superopt.search.space import Space
+from superopt.search.tiling import PLAN_ENTRIES, Chunk, Plans, resolve, resolve_fixed
 from superopt.search.views import ProgramViews
 from superopt.sgraph import GraphKernel, Kernel, LibraryKernel, SGraph, SGraphError, TensorDecl, analyze
 from superopt.sizes import Size
@@ -141,6 +132,7 @@ class KernelSearch:
         self._floor_parts: BoundedDict[tuple[bytes, ...], tuple[float, dict[int, float] | None]] = BoundedDict(
             FLOOR_ENTRIES)  # see `_parts`
         self._digests: ObjectCache[Kernel, bytes] = ObjectCache(4096)  # kernel -> `_digest`
+        self._plans: Plans = ObjectCache(PLAN_ENTRIES)  # block graph -> its tilings (see `resolve`)
         self._inputs = random_inputs(self.program)  # small random program inputs for `_fingerprint`
         self._gen = Generator(self.space, self.oracle, self.config.max_block_ops, on_state=self._tick,
                               no_loop_tilings=not self.config.concrete,
@@ -656,7 +648,7 @@ class KernelSearch:
     def _output_axes(self, missing: tuple[int, ...]) -> list[tuple[frozenset[int], int]]:
         """The grid axes a kernel writing exactly these program outputs may have: (program dim
         classes it splits, a size the axis size divides). One class of each output: one they all
-        have, or classes side by side (`block._side_by_side`), whose sizes' gcd the axis divides."""
+        have, or classes side by side (`tiling._side_by_side`), whose sizes' gcd the axis divides."""
         choices = [[(c, d.int_value()) for c, d in zip(self._output_classes[i], self._outputs[i].size_shape,
                                                        strict=True) if c != NO_CLASS] for i in missing]
         axes = {(frozenset(c for c, _ in pick), math.gcd(*(size for _, size in pick))) for pick in product(*choices)}
@@ -828,7 +820,7 @@ class KernelSearch:
         hit = self._middle_owns.get(key)
         if hit is None:
             # Each class alone, and the classes that one tensor each has together (its outputs,
-            # not known yet, may take them side by side: `block._side_by_side`; an axis over
+            # not known yet, may take them side by side: `tiling._side_by_side`; an axis over
             # some of them divides each one's size, so it divides their lcm), as often as
             # disjoint pairs of them can be axes.
             axes = [(frozenset({c}), size) for c, size in sizes.items()]
@@ -975,7 +967,7 @@ class KernelSearch:
                         continue
                     kid = f"k{len(s.kernels)}"
                     ids = [t.id for t in s.tensors]
-                    for res in resolve(block, specs, ids, kid, s.graph_kernels, tie, self._gen.plans,
+                    for res in resolve(block, specs, ids, kid, s.graph_kernels, tie, self._plans,
                                        self.config.max_grid_axes, partial_axes=not final):
                         signature = _signature(res.kernel)
                         key = (max(subset), subset, 1, signature)
