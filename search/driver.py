@@ -48,8 +48,9 @@ from superopt.program import Program
 from superopt.result import SearchStats, Verdict
 from superopt.search.block import Body
 from superopt.search.instantiation import Ranked, rank
-from superopt.search.kernel import MIDDLES, BudgetExhausted, FirstChoice, FirstKernel, KernelSearch, KState
+from superopt.search.kernel import MIDDLES, BudgetExhausted, FirstChoice, KernelSearch
 from superopt.search.space import space_of
+from superopt.search.states import FirstKernel, KState
 from superopt.search.views import ProgramViews
 from superopt.sgraph import SGraph
 from superopt.targets import Target

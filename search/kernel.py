@@ -17,79 +17,40 @@ graph (`Generator.program_graphs`: a fused candidate, and a bound, after a state
 depth, first kernels over more inputs come first (fusion first), and each shard walks its subtree
 twice: graphs whose last kernel only combines computed tensors, then those whose last kernel reads
 program inputs again; from three kernels on, all that first with a library second kernel, then
-with a graph-defined one (see `candidates_in`).
+with a graph-defined one (see `candidates_in`). States that cannot beat the best proved candidate
+are cut by the floors of `search.floors` (`Floors`, this search's base class).
 """
 
 from __future__ import annotations
 
-import hashlib
-import math
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from functools import cached_property
-from itertools import combinations, product
+from itertools import combinations
 from typing import Any
 
 from superopt import costmodel, ops
-from superopt.assignments import bounded_candidates, divisors
 from superopt.config import SearchConfig
-from superopt.dimclasses import NO_CLASS, dim_classes, input_classes
-from superopt.dtypes import dtype as get_dtype
-from superopt.object_cache import BoundedDict, ObjectCache
+from superopt.dimclasses import input_classes
+from superopt.object_cache import ObjectCache
 from superopt.primitives import apply
 from superopt.program import Node, Program, Tensor
 from superopt.search.block import MAX_OUTPUTS, BlockState, Body, Generator, InputSpec, Lazy
-from superopt.search.fingerprint import fingerprint, random_inputs
+from superopt.search.floors import Floors, same_classes
 from superopt.search.space import Space
+from superopt.search.states import FirstKernel, KState, KTensor
 from superopt.search.tiling import PLAN_ENTRIES, Chunk, Plans, resolve, resolve_fixed
 from superopt.search.views import ProgramViews
-from superopt.sgraph import GraphKernel, Kernel, LibraryKernel, SGraph, SGraphError, TensorDecl, analyze
+from superopt.sgraph import GraphKernel, LibraryKernel, SGraph, SGraphError, TensorDecl, analyze
 from superopt.sizes import Size
 from superopt.targets import Target
-from superopt.verifier.oracle import AE, RESHAPED, C, Oracle, abstract_program
-
-
-@dataclass(frozen=True)
-class KTensor:
-    id: str
-    shape: tuple[Size, ...]
-    ae: AE
-    classes: tuple[int, ...]  # program dim class of each dim
-    chunk: Chunk | None = None
-
-    @cached_property
-    def leaves(self) -> frozenset[str]:
-        """The program inputs its value reads (asked of the same tensors in state after state)."""
-        return frozenset(_leaves(self.ae))
-
-
-@dataclass(frozen=True)
-class KState:
-    tensors: tuple[KTensor, ...]
-    kernels: tuple[Kernel, ...]
-    last_key: tuple[Any, ...]
-    graph_kernels: int = 0
-
-
-@dataclass(frozen=True)
-class FirstKernel:
-    """A state of one first kernel (not the last), ranked among those computing the same values
-    (`undominated`): its least estimated time per chunk count and its prefix sGraph's text;
-    `floors` is None when not known (then it is never cut)."""
-
-    state: KState
-    floors: dict[int, float] | None
-    text: str
-
+from superopt.verifier.oracle import AE, Oracle
 
 Sink = tuple[AE, tuple[Size, ...], tuple[int, ...]]  # a block output: expression, full shape, program dim classes
 FirstChoice = tuple[str, Any]  # ("library", move key) | ("graph" | "program", input tensor indices)
-TIE = 1e-9  # relative difference of estimates below which two are the same (float sums differ in order)
 MIDDLES = ("library", "graph")  # kinds of second kernel, in the order graphs of 3+ kernels are grown
 BLOCK_CACHE_ENTRIES = 256  # input combinations whose block graphs are kept (least recently used go)
 BLOCK_CACHE_STATES = 100_000  # block graphs kept in all (beyond those of the combination being generated)
-FLOOR_ENTRIES = 1 << 17  # kernels, and sets of kernels, whose least estimated times are kept
 SPLIT_KEEP = 8  # partial schedules kept from one part of `program_split` to the next (the cheapest)
 
 
@@ -98,7 +59,7 @@ class BudgetExhausted(Exception):
 
 
 @dataclass
-class KernelSearch:
+class KernelSearch(Floors):
     program: Program
     space: Space
     oracle: Oracle
@@ -127,35 +88,12 @@ class KernelSearch:
         if self.target is not None:
             self.bandwidth, self.launch_s = self.target.dram_bytes_per_s, self.target.launch_overhead_s
         self._first_kernels: dict[tuple[FirstChoice, tuple[int, int]], list[FirstKernel]] = {}  # see first_kernels
-        # kernel and input shapes (`_floor_key`) -> `_floors`
-        self._kernel_floors: BoundedDict[bytes, dict[int, float]] = BoundedDict(FLOOR_ENTRIES)
-        self._floor_parts: BoundedDict[tuple[bytes, ...], tuple[float, dict[int, float] | None]] = BoundedDict(
-            FLOOR_ENTRIES)  # see `_parts`
-        self._digests: ObjectCache[Kernel, bytes] = ObjectCache(4096)  # kernel -> `_digest`
         self._plans: Plans = ObjectCache(PLAN_ENTRIES)  # block graph -> its tilings (see `resolve`)
-        self._inputs = random_inputs(self.program)  # small random program inputs for `_fingerprint`
         self._gen = Generator(self.space, self.oracle, self.config.max_block_ops, on_state=self._tick,
                               no_loop_tilings=not self.config.concrete,
                               max_outputs=max(MAX_OUTPUTS, len(self.program.outputs)))
         self._alg = self.oracle.alg
-        self._outputs = [self.program.nodes[o] for o in self.program.outputs]
-        classes = dim_classes(self.program)
-        self._class_sizes = {c: self.program.nodes[n].shape[d] for (n, d), c in classes.items() if c != NO_CLASS}
-        # `_after_middle` follows values through the e-graph by their dim classes, which a
-        # reshape does not keep.
-        self._reach = self.target is not None and all(n.op != "reshape" for n in self.program.nodes.values())
-        self._output_classes = [tuple(classes[(o, d)] for d in range(len(self.program.nodes[o].shape)))
-                                for o in self.program.outputs]
-        self._whole_floors: dict[tuple[Any, ...], float] = {}  # last kernel's inputs -> `_whole_floor`
-        self._middle_owns: dict[tuple[Any, ...], float] = {}  # a middle kernel's inputs -> `_middle_own`
-        self._free_kernels = self.space.free_kernels != 0  # a kernel to come may be a free view
-        # Each grid axis splits a divisor of a program dim: the least latency of a loop iteration.
-        self._iteration_s = 0.0 if self.target is None else costmodel.iteration_floor(
-            self.target, _block_counts(self.program, self.config.max_grid_axes))
-        values = self._values = abstract_program(self.program)
-        self._nbytes = min(get_dtype(n.dtype or "f32").nbytes for n in self.program.inputs)
-        self._output_bytes = [self._bytes(KTensor(n.id, n.size_shape, ("c",), ())) for n in self._outputs]
-        self._target_leaves = [_leaves(values[o][0]) for o in self.program.outputs]  # see `_inputs_of`
+        self._init_floors()
         self._library_attrs: dict[str, list[dict[str, Any]]] = {}
         for n in self.program.topological():
             if n.op in ("input", "const"):
@@ -436,456 +374,22 @@ class KernelSearch:
         if kind != "library":
             yield from self._graph_moves(s, final, part=part, rereads=rereads, later=later)
 
-    def _bytes(self, t: KTensor) -> float:
-        """The fewest bytes tensor `t` can have (a chunked dim counts one chunk)."""
-        dims = [d.int_value() if d.is_const() else 1 for d in t.shape]
-        if t.chunk is not None:
-            dims[t.chunk.dim] = t.chunk.base
-        return math.prod(dims) * self._nbytes
-
-    def _spent(self, s: KState) -> float:
-        """The least time the kernels of `s` take: launches, and reading and writing their tensors;
-        once there is a bound, the cost model's estimate of these kernels alone at their best
-        sizes (`inf` when no sizes are valid: no graph that contains them can be instantiated)."""
-        size = {t.id: self._bytes(t) for t in s.tensors}
-        total = sum(self._moving_s(k, size) for k in s.kernels)
-        if self.bound_s == float("inf") or self.target is None or not s.kernels:
-            return total
-        return max(total, self._estimated(s))
-
-    def _moving_s(self, k: Kernel, size: dict[str, float]) -> float:
-        """A kernel's launch and the bytes it reads and writes at full bandwidth (0 for a free one:
-        a launch argument, a view), below the cost model's estimate of it at any sizes."""
-        if isinstance(k, LibraryKernel) and k.op in costmodel.FREE_OPS:
-            return 0.0
-        moved = sum(size[i] for i in k.tensor_inputs) + sum(size[o] for o in k.outputs)
-        return self.launch_s + moved / self.bandwidth
-
-    def _known_spent(self, s: KState) -> float:
-        """A lower bound of `_spent` that analyzes no kernel: each kernel's kept least time
-        (`_floors`), or, for one not met before, its launch and bytes (`_moving_s`, below its
-        least time). Most middle kernels that the bound cuts are cut by this alone (their output
-        must be written and read again), without the analysis of their block graph (~3 ms)."""
-        size = {t.id: self._bytes(t) for t in s.tensors}
-        total = 0.0
-        for k in s.kernels:
-            floors = self._kernel_floors.get(self._floor_key(s, k)) if self.target is not None else None
-            total += self._moving_s(k, size) if floors is None else min(floors.values(), default=math.inf)
-        return total
-
-    def _estimated(self, s: KState) -> float:
-        """A lower bound of the cost model's time for the kernels of `s` in any graph containing
-        them: the sum of each kernel's least estimate over every size its symbols can take there
-        (a larger graph adds constraints, never values), or 0 when that is not known. Each
-        kernel's is kept: deeper graphs share their first kernels."""
-        others, pending = self._parts(s)
-        return others + (0.0 if pending is None else min(pending.values(), default=math.inf))
-
-    def _parts(self, s: KState) -> tuple[float, dict[int, float] | None]:
-        """The kernels' least times (`_floors`), kept per set of kernels (deeper graphs share
-        their first kernels): their sum, except for the one kernel whose per-chunk partials no
-        kernel reads yet, if there is exactly one, whose least time per chunk count is returned
-        apart (for `_merged_later`; None otherwise). (0, None) when the estimates are not known."""
-        assert self.target is not None
-        whole = tuple(self._digest(k) for k in s.kernels)
-        hit = self._floor_parts.get(whole)
-        if hit is None:
-            hit = self._floor_parts[whole] = self._split_floors(s)
-        return hit
-
-    def _split_floors(self, s: KState) -> tuple[float, dict[int, float] | None]:
-        # Each kernel's floors, kept: the prefix sGraph is analyzed only for kernels not met
-        # before (a middle kernel recurs after every first kernel computing the same tensors).
-        floors: dict[str, dict[int, float]] = {}
-        prefix: tuple[SGraph, dict[str, list[int]]] | None = None
-        for k in s.kernels:
-            hit = self._kernel_floors.get(self._floor_key(s, k))
-            if hit is None:
-                if prefix is None and (prefix := self._prefix(s)) is None:
-                    return 0.0, None
-                hit = self._floors(s, *prefix, k)
-            floors[k.id] = hit
-        read = {t for k in s.kernels for t in k.tensor_inputs}
-        unmerged = {t.id for t in s.tensors if t.chunk is not None and t.id not in read}
-        pending = [k.id for k in s.kernels if unmerged & set(k.outputs)]
-        lone = pending[0] if len(pending) == 1 else None
-        others = sum(min(f.values(), default=math.inf) for kid, f in floors.items() if kid != lone)
-        return others, None if lone is None else floors[lone]
-
-    def _prefix(self, s: KState) -> tuple[SGraph, dict[str, list[int]]] | None:
-        """The kernels of `s` as an sGraph (what they compute and nothing reads, its outputs), and
-        every value each of its symbols can take in any graph containing them; None when either
-        is not known."""
-        read = set().union(*(k.tensor_inputs for k in s.kernels))
-        produced = [o for k in s.kernels for o in k.outputs]
-        stored, views = self.views.input_kernels(read) if self.views is not None else ([], [])
-        decls = {d.id: d for d in stored}  # a view of an input is read in the input's layout
-        decls.update((n.id, TensorDecl(n.id, n.shape, n.dtype or "f32")) for n in self.program.inputs
-                     if n.id in read and all(v.output != n.id for v in views))
-        try:
-            sg = SGraph(tuple(decls.values()), (*views, *s.kernels), tuple(o for o in produced if o not in read),
-                        "prefix")
-            values = bounded_candidates(sg)
-        except SGraphError:
-            return None
-        return None if values is None else (sg, values)
-
-    def _floors(self, s: KState, sg: SGraph, values: dict[str, list[int]], k: Kernel) -> dict[int, float]:
-        """Kernel k's least estimated time, per chunk count when its outputs are per-chunk partials
-        (`costmodel.kernel_floors`); kept per kernel and input shapes (deeper graphs share kernels)."""
-        assert self.target is not None
-        key = self._floor_key(s, k)
-        hit = self._kernel_floors.get(key)
-        if hit is None:
-            chunks = next((t.chunk.axis for t in s.tensors  # a symbol unless the search is concrete
-                           if t.id in k.outputs and t.chunk is not None and not t.chunk.size.is_const()), None)
-            hit = self._kernel_floors[key] = costmodel.kernel_floors(sg, self.target, k, values, by=chunks)
-        return hit
-
-    def _floor_key(self, s: KState, k: Kernel) -> bytes:
-        """What a kernel's floors depend on: the kernel and the shapes of its inputs."""
-        return self._digest(k) + repr([t.shape for t in s.tensors if t.id in k.tensor_inputs]).encode()
-
-    def _digest(self, k: Kernel) -> bytes:
-        """A 128-bit digest of repr(k), the key of a kernel's floors: kept per kernel object
-        (states grown from one kernel share the object; a block graph's repr is slow). A digest,
-        not the text: the floors of a long search are kept for some 100,000 kernels, whose
-        texts take a kilobyte or more each."""
-        return self._digests.get(k, None, lambda: hashlib.blake2b(repr(k).encode(), digest_size=16).digest())
-
-    def _ranked_first(self, st: KState) -> FirstKernel:
-        """`st` with what ranks it among the first kernels computing the same values."""
-        prefix = self._prefix(st) if self.target is not None else None
-        if prefix is None:
-            return FirstKernel(st, None, "")
-        return FirstKernel(st, self._floors(st, *prefix, st.kernels[0]), prefix[0].dumps())
-
-    def undominated(self, firsts: list[FirstKernel]) -> list[FirstKernel]:
-        """The first kernels that fewer than `keep` others beat (`_beats`) among those computing
-        the same values into tensors of the same shapes and chunks: tiled differently, or the
-        same function by other ops (a scale applied to Q, to K or to Q K). Same values: each
-        output's abstract expression in one e-class of the target's e-graph (so the oracle admits
-        the same kernels after them) and equal numeric fingerprints (`search.fingerprint`: the
-        expressions drop some constants). What can follow a first kernel depends only on
-        the tensors it computes, and a graph's estimate is its first kernel's own plus the
-        rest's (they share no symbol but a chunk count, compared per count), so a beaten first
-        kernel leads only to graphs that rank behind `keep` others. One with no valid sizes
-        leads to no graph that can be instantiated. A first kernel met twice with a known
-        estimate (a part of a concrete search repeats the others) is kept once."""
-        if self.target is None or len(firsts) <= self.keep:
-            return firsts
-        start = len(self.program.inputs)
-        groups: dict[tuple[Any, ...], list[FirstKernel]] = {}
-        for f in firsts:
-            if f.floors is None:
-                continue  # its estimate is not known: never cut
-            values = tuple((self.oracle.class_of(t.ae), t.shape, t.chunk) for t in f.state.tensors[start:])
-            members = groups.setdefault((values, self._fingerprint(f.state.kernels[0])), [])
-            if all(m.text != f.text for m in members):
-                members.append(f)
-        kept = {id(f) for f in firsts if f.floors is None}
-        kept |= {id(b) for members in groups.values() for b in members
-                 if b.floors and sum(_beats(a, b) for a in members if a is not b) < self.keep}
-        self.pruned += len(firsts) - len(kept)
-        return [f for f in firsts if id(f) in kept]
-
-    def _fingerprint(self, k: Kernel) -> tuple[bytes, ...]:
-        assert isinstance(k, GraphKernel)
-        return fingerprint(k, self._inputs)
-
-    def _unwritten(self, s: KState) -> float:
-        return sum(self._output_bytes[i] for i in self._missing(s))
-
-    def _last_kernel_floor(self, s: KState) -> float:
-        """The least time of `s` plus a last kernel that writes the missing outputs (before the
-        bytes that last kernel reads); 0 when there is no bound, so nothing is cut."""
-        if self.bound_s == float("inf"):
-            return 0.0
-        return self._spent(s) + self.launch_s + self._unwritten(s) / self.bandwidth
-
-    def _too_slow(self, s: KState, floor_s: float, inputs: Sequence[int]) -> bool:
-        """Would any last library kernel reading these tensors exceed the bound?"""
-        too_slow = floor_s + sum(self._bytes(s.tensors[i]) for i in set(inputs)) / self.bandwidth > self.bound_s
-        self.bounded += too_slow
-        return too_slow
-
-    def _whole_floor(
-        self, s: KState, inputs: tuple[int, ...], missing: list[int], loop: int = 1, more_inputs: bool = False,
-    ) -> float:
-        """The least time of a last graph kernel reading these tensors (`costmodel.whole_reduction_floor`:
-        a last kernel writes no partial results, so its grid splits only classes of the outputs
-        it writes, the missing ones, whose dims carry the program outputs' classes by
-        `_completes_exactly`), known before its block graphs are generated; 0 without a bound
-        (or with no output missing, which no last kernel completes exactly). `more_inputs`: the
-        kernel may read other tensors too (its grid may then split any class of the outputs:
-        more ways to cut the same reads, a lower floor)."""
-        if self.bound_s == float("inf") or self.target is None or not missing:
-            return 0.0
-        return self._read_floor([self._read(s.tensors[i]) for i in inputs], missing, loop, more_inputs)
-
-    def _read(self, t: KTensor) -> tuple[float, frozenset[int]]:
-        """What a kernel reading `t` reads: its fewest bytes and the program dim classes it spans."""
-        return self._bytes(t), frozenset(t.classes) - {NO_CLASS}
-
-    def _read_floor(
-        self, reads: Sequence[tuple[float, frozenset[int]]], missing: list[int], loop: int = 1,
-        more_inputs: bool = False,
-    ) -> float:
-        """`_whole_floor` of a last kernel reading tensors of these bytes and dim classes."""
-        assert self.target is not None
-        read = tuple(sorted(reads))
-        key = (read, tuple(missing), loop, more_inputs)
-        hit = self._whole_floors.get(key)
-        if hit is None:
-            axes = self._output_axes(tuple(missing))
-            if not more_inputs:
-                classes = frozenset().union(*(c for _, c in read))
-                axes = [a for a in axes if a[0] & classes]
-            hit = self._whole_floors[key] = costmodel.whole_reduction_floor(
-                self.target, read, sum(self._output_bytes[i] for i in missing), axes, self.config.max_grid_axes, loop)
-        return hit
-
-    def _output_axes(self, missing: tuple[int, ...]) -> list[tuple[frozenset[int], int]]:
-        """The grid axes a kernel writing exactly these program outputs may have: (program dim
-        classes it splits, a size the axis size divides). One class of each output: one they all
-        have, or classes side by side (`tiling._side_by_side`), whose sizes' gcd the axis divides."""
-        choices = [[(c, d.int_value()) for c, d in zip(self._output_classes[i], self._outputs[i].size_shape,
-                                                       strict=True) if c != NO_CLASS] for i in missing]
-        axes = {(frozenset(c for c, _ in pick), math.gcd(*(size for _, size in pick))) for pick in product(*choices)}
-        return sorted(axes, key=lambda a: (sorted(a[0]), a[1]))
-
     def _reads_inputs(self, tensors: tuple[int, ...], rereads: bool | None) -> bool:
         """Does this choice of kernel inputs pass the `rereads` filter of `moves`?"""
         return rereads is None or (min(tensors) < len(self.program.inputs)) == rereads
-
-    def _missing(self, s: KState) -> list[int]:
-        """Program outputs no tensor of `s` matches yet."""
-        return [
-            i for i, node in enumerate(self._outputs)
-            if not any(t.chunk is None and self._is_output(t.ae, t.shape, t.classes, i) for t in s.tensors)
-        ]
-
-    def _unused(self, s: KState) -> list[int]:
-        """The kernel outputs that no kernel reads and no program output can be: a later kernel
-        must read each, as a candidate reads or returns every tensor (`_candidate`; checked
-        early, it saves whole searches of the last kernel over the program's raw inputs)."""
-        read = {i for k in s.kernels for i in k.tensor_inputs}
-        return [n for n, t in enumerate(s.tensors) if n >= len(self.program.inputs) and t.id not in read and not any(
-            t.chunk is None and self._is_output(t.ae, t.shape, t.classes, i) for i in range(len(self._outputs)))]
-
-    def _inputs_of(self, outputs: list[int]) -> set[str]:
-        return set().union(*(self._target_leaves[i] for i in outputs))
-
-    def _last_graph_floor(self, s: KState, spent: float, subset: tuple[int, ...], missing: list[int]) -> float:
-        """The least time of `s` plus a last graph kernel over these tensors: `spent` plus
-        `_whole_floor`, or when that kernel merges the chunks of a kernel of `s`, the two
-        kernels' floors at the same chunk count (the merge's loop walks the chunks)."""
-        floor = spent + self._whole_floor(s, subset, missing)
-        if any(s.tensors[i].chunk is not None for i in subset):
-            floor = max(floor, self._merged_later(s, lambda chunks: self._whole_floor(s, subset, missing, chunks)))
-        return floor
-
-    def _middle_floor(self, s: KState, later: int) -> Callable[[tuple[int, ...]], float]:
-        """The least time of `s` plus a graph kernel over a subset of its tensors and `later`
-        kernels after it, known before that kernel's block graphs are: `s`'s kernels, this
-        kernel's least time (`_middle_own`), then each later one's launch and what they must move
-        (`_owed`), or when one kernel follows, its least time (`_last_after`)."""
-        spent = self._spent(s)
-        rest = self.space.launches(later) * self.launch_s
-        owed = self._owed(s)
-        last = self._last_after(s) if later == 1 else None
-
-        def floor(subset: tuple[int, ...]) -> float:
-            after = rest + owed(subset) / self.bandwidth
-            return spent + self._middle_own(s, subset) + (after if last is None else max(after, last(subset)))
-
-        return floor
-
-    def _last_after(self, s: KState) -> Callable[[tuple[int, ...]], float] | None:
-        """The least time of the last kernel after `s` and a middle kernel over a subset of its
-        tensors: it reads what that subset leaves unread (the program inputs the missing outputs
-        need, the kernel outputs nothing reads: `_owed`) and, when one output is missing, an
-        output of the middle kernel (which would otherwise not contribute: writing the output
-        itself leaves the last kernel nothing to do). Then its inputs must let it compute that
-        output (`_after_middle`); else, with more tensors to read than any library op takes, its
-        floor is `_whole_floor` over them, and 0 when a library kernel may be last. None when any
-        kernel may be a free view."""
-        missing = self._missing(s)
-        if self._free_kernels or not missing:
-            return None
-        arity = max((ops.OPS[op].arity for op in self.space.library_ops), default=0)
-        unread, unused = self._left_to_read(s)
-        middle_output = len(missing) == 1
-
-        def floor(subset: tuple[int, ...]) -> float:
-            must = tuple(sorted({i for i in (*unread, *unused) if i not in subset}))
-            if middle_output and self._reach:
-                return self._after_middle(s, must, self._reachable([s.tensors[i] for i in subset]), missing[0], arity)
-            if len(must) + middle_output <= arity:
-                return 0.0
-            return self._whole_floor(s, must, missing, more_inputs=True)
-
-        return floor
-
-    def _reachable(self, tensors: Sequence[KTensor]) -> Mapping[str, frozenset[int]]:
-        """The values a kernel reading these tensors can compute, with the dim classes each spans
-        at least (`Reach.of`; per-chunk partials span their dims once merged: the chunks stack
-        along a dim of the merged value's class)."""
-        start: dict[str, frozenset[int]] = {}
-        for t in tensors:
-            cls = self.oracle.class_of(t.ae)
-            if cls is not None:
-                spans = self._read(t)[1]
-                start[cls] = start[cls] & spans if cls in start else spans
-        return self.oracle.reach.of(start)
-
-    def _after_middle(
-        self, s: KState, base: tuple[int, ...], middle: Mapping[str, frozenset[int]], output: int, arity: int,
-    ) -> float:
-        """The least time of a last kernel that computes program output `output` reading the
-        tensors `base` of `s`, at least one output of a middle kernel (a value of `middle`, the
-        values that kernel can compute: `_reachable`) and any other tensors of `s`: inf when none
-        can. Its inputs must let it compute the output (`Reach.of`). A graph kernel takes at least
-        `_read_floor` of `base` and each other input, so at least the least threshold whose inputs
-        under it let it compute the output, one of them the middle's; a library kernel reads
-        `base` and at most `arity` tensors in all. A middle output of value X spans X's dims
-        (`Reach`): as few bytes as their sizes, read again no more often than a tensor spanning
-        more dims would be (each extra dim splits at most as many ways as it multiplies bytes)."""
-        target = self.oracle.output_class(output)
-        if target is None:
-            return 0.0
-        reach = self.oracle.reach
-        reads = [self._read(s.tensors[i]) for i in base]
-        have = {c for i in base if (c := self.oracle.class_of(s.tensors[i].ae)) is not None}
-        others: list[tuple[str, tuple[float, frozenset[int]], bool]] = [
-            (c, self._read(t), False) for i, t in enumerate(s.tensors)
-            if i not in base and (c := self.oracle.class_of(t.ae)) is not None]
-        others += [(c, (self._nbytes * math.prod(self._class_sizes[d] for d in dims), dims), True)
-                   for c, dims in middle.items()]
-        if self.oracle.class_of(C) is None:  # a middle output may be a constant outside the e-graph
-            others.append(("", (self._nbytes, frozenset()), True))
-
-        def computes(extra: Sequence[str]) -> bool:
-            return target in reach.of(dict.fromkeys((*have, *extra), frozenset()))
-
-        # A graph kernel: the least threshold on the inputs' own floors that lets it compute.
-        ranked = sorted((self._read_floor([*reads, read], [output], more_inputs=True), c, mid)
-                        for c, read, mid in others)
-        graph = math.inf
-        first_mid = next((k for k, (_, _, mid) in enumerate(ranked) if mid), None)
-        if first_mid is not None:
-            lo, hi = first_mid, len(ranked)  # the answer is in [lo, hi) (hi: none computes)
-            while lo < hi:
-                mid_k = (lo + hi) // 2
-                if computes([c for _, c, _ in ranked[:mid_k + 1]]):
-                    hi = mid_k
-                else:
-                    lo = mid_k + 1
-            if lo < len(ranked):
-                graph = ranked[lo][0]
-        # A library kernel: `base` and one to `arity - len(base)` more inputs, one of the middle's.
-        moved = sum(b for b, _ in reads) + self._output_bytes[output]
-        library = sorted((self.launch_s + (moved + sum(read[0] for _, read, _ in extra)) / self.bandwidth,
-                          tuple(c for c, _, _ in extra))
-                         for n in range(1, arity - len(base) + 1) for extra in combinations(others, n)
-                         if any(mid for _, _, mid in extra))
-        return min(graph, next((cost for cost, extra in library if cost < graph and computes(extra)), math.inf))
-
-    def _middle_own(self, s: KState, subset: tuple[int, ...]) -> float:
-        """The least time of a graph kernel that reads these tensors of `s` and is not the last:
-        its launch plus the larger of their bytes at full bandwidth and one loop iteration; when
-        none is per-chunk partials, `costmodel.whole_reduction_floor` with its grid free to split
-        any class of what it reads (it may write partial results) and nothing written: splitting
-        a class re-reads every input without it, so a grid large enough to fill the DRAM pipe
-        re-reads some input (attention's Q, K and Q K: 0.9 us more than their bytes on an H100)."""
-        tensors = [s.tensors[i] for i in subset]
-        own = self.launch_s + max(sum(map(self._bytes, tensors)) / self.bandwidth, self._iteration_s)
-        if self.target is None or any(t.chunk is not None for t in tensors):
-            return own  # a merge's loop walks the chunks: its reads are not one tile per block
-        sizes: dict[int, int] = {}
-        owners: dict[int, int] = {}  # class -> how many of the tensors have it (at a size over 1)
-        for t in tensors:
-            had: set[int] = set()
-            for c, d in zip(t.classes, t.shape, strict=True):
-                size = d.int_value() if d.is_const() else 1
-                if c == NO_CLASS or size == 1:
-                    continue  # a unit dim: nothing to split
-                if sizes.setdefault(c, size) != size:
-                    return own  # a class split at two sizes: no axis divides both
-                had.add(c)
-            for c in had:
-                owners[c] = owners.get(c, 0) + 1
-        read = tuple(sorted((self._bytes(t), frozenset(t.classes) - {NO_CLASS}) for t in tensors))
-        key = (read, tuple(sorted(sizes.items())), tuple(sorted(owners.items())))
-        hit = self._middle_owns.get(key)
-        if hit is None:
-            # Each class alone, and the classes that one tensor each has together (its outputs,
-            # not known yet, may take them side by side: `tiling._side_by_side`; an axis over
-            # some of them divides each one's size, so it divides their lcm), as often as
-            # disjoint pairs of them can be axes.
-            axes = [(frozenset({c}), size) for c, size in sizes.items()]
-            group = frozenset(c for c in sizes if owners[c] == 1)
-            axes += [(group, math.lcm(*(sizes[c] for c in group)))] * min(len(group) // 2, self.config.max_grid_axes)
-            hit = self._middle_owns[key] = costmodel.whole_reduction_floor(
-                self.target, read, 0.0, axes, self.config.max_grid_axes)
-        return max(own, hit)
-
-    def _owed(self, s: KState) -> Callable[[tuple[int, ...]], float]:
-        """The fewest bytes the kernels after `s` must move, but for one reading a subset of its
-        tensors: the missing outputs, the program inputs they read that no kernel reads yet, and
-        the kernel outputs nothing reads yet; nothing when a later kernel may be free (a
-        view of a computed tensor can be an output, or what an input or a kernel's output feeds)."""
-        if self._free_kernels:
-            return lambda subset: 0.0
-        unread, unused = self._left_to_read(s)
-        written = sum(self._output_bytes[i] for i in self._missing(s))
-
-        def owed(subset: tuple[int, ...]) -> float:
-            return written + sum(self._bytes(s.tensors[i]) for i in (*unread, *unused) if i not in subset)
-
-        return owed
-
-    def _left_to_read(self, s: KState) -> tuple[list[int], list[int]]:
-        """What the kernels after `s` must read: the program inputs the missing outputs need that
-        no kernel reads yet, and the kernel outputs nothing reads yet (`_unused`)."""
-        read = {i for k in s.kernels for i in k.tensor_inputs}
-        needed = self._inputs_of(self._missing(s))
-        unread = [n for n, t in enumerate(s.tensors[:len(self.program.inputs)]) if t.id in needed and t.id not in read]
-        return unread, self._unused(s)
-
-    def _merged_later(self, s: KState, merge_s: Callable[[int], float]) -> float:
-        """When one kernel of `s` writes per-chunk partials that no kernel reads yet, some later
-        kernel merges them, its loop walking the chunks: the least time of the kernels of `s` with
-        that merge's least time beyond its launch at each chunk count (`merge_s(chunks)`),
-        minimized over the chunk count they share; without such a kernel, `_estimated`; 0 without
-        a bound."""
-        if self.bound_s == float("inf") or self.target is None:
-            return 0.0
-        others, pending = self._parts(s)
-        if pending is None:
-            return others
-        return others + min((f + merge_s(c) for c, f in pending.items()), default=math.inf)
 
     def _completes_exactly(self, missing: list[int], outputs: Sequence[Sink]) -> bool:
         """Does a last kernel with these outputs (expression, shape, program dim classes) write
         every missing program output, and nothing else? (Any other output would be a tensor
         nothing reads.) Its dims must carry the output's classes, as `_whole_floor` assumes."""
         return len(outputs) <= len(missing) and all(
-            any(shape == self._outputs[i].size_shape and _same_classes(pdims, self._output_classes[i])
+            any(shape == self._outputs[i].size_shape and same_classes(pdims, self._output_classes[i])
                 and self.oracle.equivalent(ae, i) for ae, shape, pdims in outputs)
             for i in missing
         )
 
     def _completes(self, missing: list[int], new: Sequence[tuple[AE, tuple[Size, ...], tuple[int, ...]]]) -> bool:
         return all(any(self._is_output(ae, shape, classes, i) for ae, shape, classes in new) for i in missing)
-
-    def _is_output(self, ae: AE, shape: tuple[Size, ...], classes: tuple[int, ...], i: int) -> bool:
-        """Does a tensor hold program output i: its expression, shape and dim classes? (A transpose
-        keeps the expression, and a square one the shape; a reshape's dims have no class to compare.)"""
-        wanted = self._output_classes[i]
-        return shape == self._outputs[i].size_shape and all(
-            RESHAPED in (p, c) or _same_classes((p,), (c,)) for p, c in zip(classes, wanted, strict=True)
-        ) and self.oracle.equivalent(ae, i)
 
     def _library_moves(self, s: KState, final: bool, rereads: bool | None = None) -> Iterator[KState]:
         usable = [i for i, t in enumerate(s.tensors) if t.chunk is None]
@@ -1085,23 +589,6 @@ class KernelSearch:
         return sg
 
 
-def _beats(a: FirstKernel, b: FirstKernel) -> bool:
-    """Does a first kernel lead to a better graph than another computing the same tensors,
-    whatever follows? At no chunk count is it slower, and it wins the ties: by its text (graphs
-    that tie in time are ordered by their text, which differs first in the first kernel) or by
-    being faster at every count (by more than float rounding of the sums)."""
-    fa, fb = a.floors or {}, b.floors or {}
-    if any(c not in fa or fa[c] > fb[c] for c in fb):
-        return False
-    return a.text < b.text or all(fa[c] * (1 + TIE) < fb[c] for c in fb)
-
-
-def _leaves(e: AE) -> set[str]:
-    if e[0] == "inp":
-        return {e[1]}
-    return set().union(*(_leaves(k) for k in e[1:] if isinstance(k, tuple))) if len(e) > 1 else set()
-
-
 def _tuples(indices: Sequence[int], arity: int) -> Iterator[tuple[int, ...]]:
     if arity == 1:
         for i in indices:
@@ -1183,21 +670,6 @@ def _sinks(block: BlockState) -> list[Sink]:
     used = {a for t in block.tiles for a in t.args}
     return [(t.ae, _output_shape(block, k, None), t.pdims) for k, t in enumerate(block.tiles)
             if t.phase == 1 and k not in used]
-
-
-def _block_counts(program: Program, max_grid: int) -> list[int]:
-    """Every block count a graph kernel can have: products of at most `max_grid` grid axis sizes,
-    each a divisor of a program dim (a split class; chunk dims are walked, never split)."""
-    sizes = sorted({d for n in program.nodes.values() for size in n.shape for d in divisors(size)})
-    counts = {1}
-    for _ in range(max_grid):
-        counts |= {c * d for c in counts for d in sizes}
-    return sorted(counts)
-
-
-def _same_classes(pdims: tuple[int, ...], classes: tuple[int, ...]) -> bool:
-    """Do a tile's dims carry these program dim classes (size-1 dims have none to compare)?"""
-    return all(c == NO_CLASS or p == c for p, c in zip(pdims, classes, strict=True))
 
 
 def _output_shape(block: BlockState, tile: int, chunk: Chunk | None) -> tuple[Size, ...]:

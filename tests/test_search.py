@@ -1538,7 +1538,7 @@ def test_bounded_memos_change_what_is_searched_again_not_what_is_found(h100, mon
     """The block graphs, floors, post-loop recipes and tilings a search keeps are bounded (a long
     search's memory stops growing); past the bounds, what was dropped is generated again. With
     bounds of a few entries, the same candidates come in the same order, from more states."""
-    from superopt.search import block, kernel
+    from superopt.search import block, floors, kernel
 
     def candidates() -> tuple[list[str], int]:
         program = workloads.resolve(spec)
@@ -1546,9 +1546,10 @@ def test_bounded_memos_change_what_is_searched_again_not_what_is_found(h100, mon
         return [sg.dumps() for sg in ks.candidates()], ks.total_states
 
     kept, kept_states = candidates()
-    for name, limit in [("BLOCK_CACHE_ENTRIES", 2), ("BLOCK_CACHE_STATES", 10), ("FLOOR_ENTRIES", 4), ("PLAN_ENTRIES", 4)]:
+    for name, limit in [("BLOCK_CACHE_ENTRIES", 2), ("BLOCK_CACHE_STATES", 10), ("PLAN_ENTRIES", 4)]:
         monkeypatch.setattr(kernel, name, limit)
     monkeypatch.setattr(block, "POST_ENTRIES", 2)
+    monkeypatch.setattr(floors, "FLOOR_ENTRIES", 4)
     dropped, dropped_states = candidates()
     assert len(kept) > 50 and dropped == kept
     assert dropped_states > 1.5 * kept_states  # block graphs were dropped and generated again
