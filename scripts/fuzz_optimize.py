@@ -36,8 +36,8 @@ def random_program(rng: random.Random, intermediate: bool = False, layouts: bool
     """A random program; `intermediate` sometimes returns the value fed to the product too (the
     draws before it are unchanged, so each seed's other programs stay the same); `layouts`
     sometimes stores W transposed (read as transpose(W)), transposes the product before the ops
-    after it (a transpose of a computed value in the middle) and returns the result transposed
-    (drawn apart, leaving the other draws as they were)."""
+    after it (a transpose of a computed value in the middle; sometimes the product is returned
+    too) and returns the result transposed (drawn apart, leaving the other draws as they were)."""
     p = Program(f"fuzz{rng.randrange(10**6)}")
     dtype = rng.choice(["f16", "f16", "bf16", "f32"])
     n, d, e = rng.choice([(4, 8, 6), (2, 16, 8), (8, 4, 12), (16, 32, 8)])
@@ -46,6 +46,7 @@ def random_program(rng: random.Random, intermediate: bool = False, layouts: bool
     w_stored_transposed = layouts and layout.random() < 0.5
     out_transposed = layouts and layout.random() < 0.4
     mid_transposed = layouts and layout.random() < 0.4
+    product_returned = layouts and layout.random() < 0.3  # with mid_transposed: the product returned too
     swap = (*range(len(batch)), len(batch) + 1, len(batch))  # the last two dims exchanged
     x = p.input("X", (*batch, n, d), dtype)
     w = p.transpose(p.input("W", (*batch, e, d), dtype), swap) if w_stored_transposed else \
@@ -69,6 +70,7 @@ def random_program(rng: random.Random, intermediate: bool = False, layouts: bool
     out = t @ w
     if rng.random() < 0.3:
         out = p.op(rng.choice(["add", "mul"]), out, x @ p.input("V", (*batch, d, e), dtype))
+    returned = [out] if mid_transposed and product_returned else []
     if mid_transposed:
         out = p.transpose(out, swap)
     if rng.random() < 0.3:
@@ -78,7 +80,7 @@ def random_program(rng: random.Random, intermediate: bool = False, layouts: bool
         out = p.rms_norm(out, -1)
     if intermediate and not extra and t is not x and rng.random() < 0.5:
         extra = [t]
-    p.output(p.transpose(out, swap) if out_transposed else out, *extra)
+    p.output(p.transpose(out, swap) if out_transposed else out, *extra, *returned)
     return p
 
 

@@ -19,7 +19,9 @@ outputs where every value computed from it allows (elementwise ops, normalizatio
 that keep their dim, the dim renumbered; a second transpose composes with it, and where the two
 cancel nothing is left), so the schedule computes in the stored layout and returns views; else
 pushed up to views of inputs, through matmuls too ((A B)^T = B^T A^T) but only across values
-nothing else reads (both would be computed). `exp(Q @ transpose(X @ W))` is searched as
+nothing else reads (both would be computed); a value that is only returned besides is returned
+as a view of what the transpose became (a projected K written to a KV cache and read transposed
+by attention). `exp(Q @ transpose(X @ W))` is searched as
 `exp(Q @ (W^T @ X^T))` over views of X and W. The searched program then has no free kernel
 inside a schedule, which would cost a level of depth and turn off the launch bounds
 (`Space.launches`): 225,273 states and 160 s for attention over a projected K at Q (2, 256, 64),
@@ -124,6 +126,53 @@ def _fold(p: Program, inputs: tuple[Node, ...], outputs: tuple[tuple[int, Node],
 
 
 def _pushed(p: Program) -> Program:
+    """`p` with each transpose of a computed value moved to the program's edges where it can be
+    (`_moved`). A value returned and read only by a transpose (a projected K, written to a KV cache
+    and read transposed by attention) is first written as the transpose of that transpose
+    (`_returned_through`): the transpose can then move up to views of the inputs, and the value is
+    returned as a view of what it became; taken when that leaves fewer transposes inside."""
+    moved = _moved(p)
+    turned = _returned_through(p)
+    if turned is not p and _inner_transposes(alt := _moved(turned)) < _inner_transposes(moved):
+        return alt
+    return moved
+
+
+def _returned_through(p: Program) -> Program:
+    """`p` with each computed value V that is returned and read only by one transpose T returned
+    as `transpose(T)` by the inverse permutation (V itself renamed), or `p` when there is none."""
+    readers = Counter(i for n in p.topological() for i in n.inputs) + Counter(p.outputs)
+    turn = {n.id: n.inputs[0] for n in p.topological() if n.op == "transpose" and n.inputs[0] in p.outputs
+            and readers[n.inputs[0]] == 2 and p.nodes[n.inputs[0]].op not in ("input", "const")}
+    if not turn:
+        return p
+    taken = set(p.nodes)
+    renamed: dict[str, str] = {}
+    for v in turn.values():
+        renamed[v] = _fresh(v, taken)
+        taken.add(renamed[v])
+    q = Program(p.name)
+    try:
+        for n in p.topological():
+            nid = renamed.get(n.id, n.id)
+            q.nodes[nid] = Node(nid, n.op, tuple(renamed.get(i, i) for i in n.inputs), n.attrs, n.shape, n.dtype)
+            if n.id in turn:
+                perm = list(n.attrs["perm"])
+                q.op("transpose", Tensor(q, nid), perm=[perm.index(d) for d in range(len(perm))], name=turn[n.id])
+        q.outputs = list(p.outputs)
+        return q.validate()
+    except ProgramError:  # more nodes than a program may have
+        return p
+
+
+def _inner_transposes(p: Program) -> int:
+    """Transposes of computed values that some node reads: free kernels inside every schedule."""
+    read = {i for n in p.topological() for i in n.inputs}
+    return sum(n.op == "transpose" and n.id in read and p.nodes[n.inputs[0]].op not in ("input", "const")
+               for n in p.topological())
+
+
+def _moved(p: Program) -> Program:
     """`p` with each transpose of a computed value moved to the program's edges where it can be
     (`_Pusher`), or `p` itself when none can: sunk to the outputs its values lead to (the
     schedule computes in the stored layout and returns views), else pushed up to the inputs."""
