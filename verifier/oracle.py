@@ -34,7 +34,7 @@ from typing import Any
 
 from egglog import EGraph, Expr, StringLike, birewrite, i64, i64Like, ne, rewrite, ruleset, vars_
 
-from superopt.dimclasses import NO_CLASS, input_classes
+from superopt.dimclasses import NO_CLASS, dim_classes, input_classes
 from superopt.primitives import Algebra, apply
 from superopt.program import Program
 from superopt.verifier.egraph import dropped_here
@@ -162,15 +162,21 @@ def constants_of(program: Program) -> frozenset[float]:
 
 
 def abstract_program(program: Program) -> dict[str, AV]:
+    """Each node's abstract value. A reshape's dims take the program's dim classes
+    (`dim_classes`: those its later ops tie them to), which the algebra cannot know; a schedule's
+    reshape of the same value gets them too (`reshaped_classes`)."""
     alg = AbstractAlgebra(constants_of(program))
     values: dict[str, AV] = {}
-    classes = input_classes(program)
+    classes = dim_classes(program)
     for n in program.topological():
         if n.op == "input":
-            values[n.id] = ("inp", n.id), classes[n.id]
+            values[n.id] = ("inp", n.id), tuple(classes[(n.id, d)] for d in range(len(n.shape)))
         else:
             args = [values[i] for i in n.inputs]
-            values[n.id] = apply(alg, n.op, args, n.attrs, [program.nodes[i].shape for i in n.inputs])
+            ae, dims = apply(alg, n.op, args, n.attrs, [program.nodes[i].shape for i in n.inputs])
+            if n.op == "reshape":
+                dims = tuple(classes[(n.id, d)] for d in range(len(n.shape)))
+            values[n.id] = ae, dims
     return values
 
 
