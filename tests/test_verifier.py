@@ -303,6 +303,30 @@ def _reduced_combinations_sgraph(p: Program) -> SGraph:
     return b.build(names)
 
 
+def _reduced_row_scales_program() -> Program:
+    p = Program("reduced_row_scales")
+    x, y = p.input("X", (8, 12), "f32"), p.input("Y", (8, 12), "f32")
+    scale = p.sum(y, 1, keepdim=True)
+    for bop in ("mul", "div"):
+        for op in ("sum", "mean"):
+            p.output(p.op(op, p.op(bop, x, scale), name=f"{op}_{bop}", dim=1, keepdim=True))
+    return p
+
+
+def _reduced_row_scales_sgraph(p: Program) -> SGraph:
+    """sum(X * s) with s a row scale (one value per row, broadcast along the summed dim) as
+    sum(X) * s (means, divisions alike): the sum of a normalized row is its sum over its norm."""
+    b = SGraphBuilder.for_program(p)
+    k = b.graph(grid=[("x", "gx")])
+    xt, yt = k.input("X", [0], None), k.input("Y", [0], None)
+    scale = k.op("sum", yt, dim=1, keepdim=True)
+    names = []
+    for bop in ("mul", "div"):
+        for op in ("sum", "mean"):
+            names.append(k.output(k.acc(k.op(bop, k.op(op, xt, dim=1, keepdim=True), scale)), f"{op}_{bop}", [0]))
+    return b.build(names)
+
+
 def _negated_matmul_program() -> Program:
     p = Program("negated_mm")
     x, w = p.input("X", (4, 16), "f32"), p.input("W", (16, 12), "f32")
@@ -436,6 +460,7 @@ TARGETED = {
     "nested reductions in the other order": (_nested_reductions_program, _nested_reductions_sgraph),
     "reductions of sums and differences, exp of a sum": (_reduced_combinations_program,
                                                          _reduced_combinations_sgraph),
+    "reductions of rows scaled by a row scale": (_reduced_row_scales_program, _reduced_row_scales_sgraph),
     "a swapped difference and a scale on the other operand": (_swapped_difference_program,
                                                                _swapped_difference_sgraph),
     "elementwise ops of transposed operands, the kernel's output transposed": (_transposed_program,

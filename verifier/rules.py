@@ -218,6 +218,13 @@ def _ex_same_shape(rng: np.random.Generator) -> Bindings:
     return Bindings(tensors={"A": _rand(rng, 3, 4), "B": _rand(rng, 3, 4)}, dims={"d": int(rng.choice([-1, -2]))})
 
 
+def _ex_reduced_scale(rng: np.random.Generator) -> Bindings:
+    dim = int(rng.choice([-1, -2]))
+    shape = [3, 4]
+    shape[dim] = 1
+    return Bindings(tensors={"A": _rand(rng, 3, 4), "S": np.abs(_rand(rng, *shape)) + 0.5}, dims={"d": dim})
+
+
 def _ex_indep(rng: np.random.Generator) -> Bindings:
     sizes = _axes(rng, "x")
     return Bindings(tensors={"E": _rand(rng, 2, 3)}, axes={"a": "x"}, sizes=sizes)
@@ -357,6 +364,11 @@ RULES: list[Rule] = [
     *[Rule(f"{op}-of-{bop}", t.reduce(op, t.binary(bop, A, B), d),
            t.binary(bop, t.reduce(op, A, d), t.reduce(op, B, d)), (), _ex_same_shape)
       for op in ("sum", "mean") for bop in ("add", "sub")],
+    # a scale broadcast along the reduced dim comes out of the reduction (the sum of a normalized
+    # row is the row's sum over its norm)
+    *[Rule(f"{op}-of-{bop}-by-bcast", t.reduce(op, t.binary(bop, A, t.bcast(S, d)), d),
+           t.binary(bop, t.reduce(op, A, d), S), (), _ex_reduced_scale)
+      for op in ("sum", "mean") for bop in ("mul", "div")],
     Rule("exp-of-add", t.unary("exp", t.binary("add", A, B)), t.binary("mul", t.unary("exp", A), t.unary("exp", B)),
          (), _ex_same_shape),
     Rule("add-comm", t.binary("add", A, B), t.binary("add", B, A), (), _ex_comm),
