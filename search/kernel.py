@@ -97,7 +97,7 @@ class KernelSearch(Floors):
         # A reshape of the value a program reshape reads, in the same layout, to the same shape:
         # its dims get the program's classes (`abstract_program`), which the algebra cannot know.
         self._reshapes = {(self.oracle.class_of(self._values[n.inputs[0]][0]), self._values[n.inputs[0]][1],
-                           str(n.attrs)): self._values[n.id][1]
+                           n.size_shape): self._values[n.id][1]
                           for n in self.program.topological() if n.op == "reshape"}
         self._library_attrs: dict[str, list[dict[str, Any]]] = {}
         for n in self.program.topological():
@@ -420,7 +420,7 @@ class KernelSearch(Floors):
                     operands = [(s.tensors[a].ae, s.tensors[a].classes) for a in args]
                     ae, classes = apply(self._alg, op, operands, attrs, [])
                     if op == "reshape":
-                        classes = self._reshapes.get((self.oracle.class_of(ae), operands[0][1], str(attrs)), classes)
+                        classes = self._reshapes.get((self.oracle.class_of(ae), operands[0][1], shape), classes)
                     if not self.oracle.contains(ae) or self._repeats(s, ae, shape, None, classes):
                         self.pruned += 1
                         continue
