@@ -11,7 +11,7 @@ dtype, programs defined only at negative inputs, unfusable negations, unprovable
 differences.
 
     .venv/bin/python scripts/fuzz_optimize.py [--seed 1] [--count 30] [--budget-s 20] [--json out/fuzz.json]
-        [--intermediate-outputs] [--layouts]
+        [--intermediate-outputs] [--layouts] [--heads]
 """
 
 from __future__ import annotations
@@ -32,12 +32,15 @@ UNARY = ["exp", "sqrt", "silu", "relu", "neg", "square", "sigmoid", "gelu", "rsq
 BINARY = ["add", "mul", "sub", "div"]
 
 
-def random_program(rng: random.Random, intermediate: bool = False, layouts: bool = False) -> Program:
+def random_program(rng: random.Random, intermediate: bool = False, layouts: bool = False, heads: bool = False,
+                   ) -> Program:
     """A random program; `intermediate` sometimes returns the value fed to the product too (the
     draws before it are unchanged, so each seed's other programs stay the same); `layouts`
     sometimes stores W transposed (read as transpose(W)), transposes the product before the ops
     after it (a transpose of a computed value in the middle; sometimes the product is returned
-    too) and returns the result transposed (drawn apart, leaving the other draws as they were)."""
+    too) and returns the result transposed (drawn apart, leaving the other draws as they were);
+    `heads` sometimes splits the product's columns into two heads (a reshape of a computed value)
+    before the ops after it, which then work per head."""
     p = Program(f"fuzz{rng.randrange(10**6)}")
     dtype = rng.choice(["f16", "f16", "bf16", "f32"])
     n, d, e = rng.choice([(4, 8, 6), (2, 16, 8), (8, 4, 12), (16, 32, 8)])
@@ -47,6 +50,7 @@ def random_program(rng: random.Random, intermediate: bool = False, layouts: bool
     out_transposed = layouts and layout.random() < 0.4
     mid_transposed = layouts and layout.random() < 0.4
     product_returned = layouts and layout.random() < 0.3  # with mid_transposed: the product returned too
+    split = heads and layout.random() < 0.6
     swap = (*range(len(batch)), len(batch) + 1, len(batch))  # the last two dims exchanged
     x = p.input("X", (*batch, n, d), dtype)
     w = p.transpose(p.input("W", (*batch, e, d), dtype), swap) if w_stored_transposed else \
@@ -70,6 +74,9 @@ def random_program(rng: random.Random, intermediate: bool = False, layouts: bool
     out = t @ w
     if rng.random() < 0.3:
         out = p.op(rng.choice(["add", "mul"]), out, x @ p.input("V", (*batch, d, e), dtype))
+    if split:
+        out = p.reshape(out, (*batch, n, 2, e // 2))
+        swap = (*range(len(batch) + 1), len(batch) + 2, len(batch) + 1)
     returned = [out] if mid_transposed and product_returned else []
     if mid_transposed:
         out = p.transpose(out, swap)
@@ -111,6 +118,8 @@ def main() -> None:
     ap.add_argument("--json", default="out/fuzz.json")
     ap.add_argument("--intermediate-outputs", action="store_true",
                     help="sometimes return the product's left operand as well (a value the kernel also computes from)")
+    ap.add_argument("--heads", action="store_true",
+                    help="sometimes split the product into two heads (a reshape) before the ops after it")
     ap.add_argument("--layouts", action="store_true",
                     help="sometimes store W transposed, transpose the product, return the result transposed")
     args = ap.parse_args()
@@ -118,7 +127,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as cache:  # kept sGraphs of throwaway programs go nowhere
         os.environ["SUPEROPT_CACHE_DIR"] = cache
         for i in range(args.count):
-            program = random_program(random.Random(args.seed * 1000 + i), args.intermediate_outputs, args.layouts)
+            program = random_program(random.Random(args.seed * 1000 + i), args.intermediate_outputs, args.layouts,
+                                     args.heads)
             row = run(program, args.budget_s)
             rows.append(row)
             detail = row.get("error") or f"{row['kernels']} kernels, x{row['speedup']}"
