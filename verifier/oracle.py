@@ -164,7 +164,7 @@ def constants_of(program: Program) -> frozenset[float]:
 def abstract_program(program: Program) -> dict[str, AV]:
     """Each node's abstract value. A reshape's dims take the program's dim classes
     (`dim_classes`: those its later ops tie them to), which the algebra cannot know; a schedule's
-    reshape of the same value gets them too (`reshaped_classes`)."""
+    reshape of the same value gets them too (`KernelSearch._reshapes`)."""
     alg = AbstractAlgebra(constants_of(program))
     values: dict[str, AV] = {}
     classes = dim_classes(program)
