@@ -6,7 +6,8 @@ program outputs are missing and which tensors a later kernel must read (`_missin
 `_left_to_read`), the least estimated time of its kernels (`_spent`: launches and bytes at full
 bandwidth, or the cost model's least estimate of each kernel over every size its symbols can take),
 and of the kernels to come: a last library or graph kernel (`_last_kernel_floor`, `_whole_floor`),
-a middle kernel and what must follow it (`_middle_floor`, `_last_after`, `_after_middle`), the
+a middle kernel and what must follow it (`_middle_floor`; over program inputs only, once known, the
+least time of the kernels it can be, `_middle_least`; `_last_after`, `_after_middle`), the
 merge of per-chunk partials (`_merged_later`). The search cuts a state whose floor exceeds the
 bound (`bound_s`: the best proved candidates' time). First kernels computing the same values are
 ranked by their floors, and those that others beat are dropped (`undominated`).
@@ -68,6 +69,10 @@ class Floors:
         self._digests: ObjectCache[Kernel, bytes] = ObjectCache(4096)  # kernel -> `_digest`
         self._whole_floors: dict[tuple[Any, ...], float] = {}  # last kernel's inputs -> `_whole_floor`
         self._middle_owns: dict[tuple[Any, ...], float] = {}  # a middle kernel's inputs -> `_middle_own`
+        # a middle kernel over program inputs only (`_middle_key`) -> how often its moves were
+        # generated, and once they were twice, the least time of any of them (`_least_alone`)
+        self._middle_walks: dict[tuple[Any, ...], int] = {}
+        self._middle_least: dict[tuple[Any, ...], float] = {}
         self._inputs = random_inputs(self.program)  # small random program inputs for `_fingerprint`
         self._outputs: list[Node] = [self.program.nodes[o] for o in self.program.outputs]
         classes = dim_classes(self.program)
@@ -331,11 +336,14 @@ class Floors:
             floor = max(floor, self._merged_later(s, lambda chunks: self._whole_floor(s, subset, missing, chunks)))
         return floor
 
-    def _middle_floor(self, s: KState, later: int) -> Callable[[tuple[int, ...]], float]:
+    def _middle_floor(
+        self, s: KState, later: int, part: tuple[int, int] = (1, 0),
+    ) -> Callable[[tuple[int, ...]], float]:
         """The least time of `s` plus a graph kernel over a subset of its tensors and `later`
         kernels after it, known before that kernel's block graphs are: `s`'s kernels, this
-        kernel's least time (`_middle_own`), then each later one's launch and what they must move
-        (`_owed`), or when one kernel follows, its least time (`_last_after`)."""
+        kernel's least time (`_middle_own`, or over program inputs only, once known, the least
+        time of the kernels they make: `_middle_least`), then each later one's launch and what
+        they must move (`_owed`), or when one kernel follows, its least time (`_last_after`)."""
         spent = self._spent(s)
         rest = self.space.launches(later) * self.launch_s
         owed = self._owed(s)
@@ -343,9 +351,34 @@ class Floors:
 
         def floor(subset: tuple[int, ...]) -> float:
             after = rest + owed(subset) / self.bandwidth
-            return spent + self._middle_own(s, subset) + (after if last is None else max(after, last(subset)))
+            own = self._middle_own(s, subset)
+            if (walked := self._middle_key(s, subset, part)) is not None:
+                own = max(own, self._middle_least.get(walked, 0.0))
+            return spent + own + (after if last is None else max(after, last(subset)))
 
         return floor
+
+    def _middle_key(self, s: KState, subset: tuple[int, ...], part: tuple[int, int]) -> tuple[Any, ...] | None:
+        """What the middle kernels over these tensors of `s` depend on, when they read program
+        inputs only: the inputs, the kernel's place (its id and symbols' names) and the part of
+        its block graphs; None otherwise (they read what earlier kernels computed)."""
+        if max(subset) >= len(self.program.inputs):
+            return None
+        return subset, len(s.kernels), s.graph_kernels, part
+
+    def _least_alone(self, s: KState, k: Kernel, outputs: Sequence[KTensor]) -> float:
+        """The least estimated time of kernel k, which reads program inputs only and writes
+        `outputs`, in any graph (`_floors` of k alone: a graph adds constraints on its sizes,
+        never values); 0 when not known. Kept with the other kernels' floors, so that states
+        holding k are cut by `_known_spent` without analyzing it again."""
+        alone = KState((*s.tensors[:len(self.program.inputs)], *outputs), (k,), ())
+        floors = self._kernel_floors.get(self._floor_key(alone, k))
+        if floors is None:
+            prefix = self._prefix(alone)
+            if prefix is None:
+                return 0.0
+            floors = self._floors(alone, *prefix, k)
+        return min(floors.values(), default=math.inf)
 
     def _last_after(self, s: KState) -> Callable[[tuple[int, ...]], float] | None:
         """The least time of the last kernel after `s` and a middle kernel over a subset of its

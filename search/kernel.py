@@ -23,6 +23,7 @@ are cut by the floors of `search.floors` (`Floors`, this search's base class).
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -446,7 +447,7 @@ class KernelSearch(Floors):
         needed = self._inputs_of(missing) if final else set()
         unused = self._unused(s) if final else []
         spent = self._spent(s) if final else 0.0
-        middle = None if final or not later or self.bound_s == float("inf") else self._middle_floor(s, later)
+        middle = None if final or not later or self.bound_s == float("inf") else self._middle_floor(s, later, part)
         for size in range(1, self.config.max_block_inputs + 1):
             for subset in combinations(indices, size):
                 if (only is not None and subset != only) or not self._reads_inputs(subset, rereads):
@@ -471,6 +472,11 @@ class KernelSearch(Floors):
                 if self.config.concrete and tie is None:
                     yield from self._concrete_moves(s, subset, specs, final, missing)
                     continue
+                # Middle kernels over program inputs only are the same after every earlier kernel:
+                # the second time they are generated, their least time is kept (`_middle_floor`).
+                walk = None if middle is None else self._middle_key(s, subset, part)
+                walks = 0 if walk is None else self._middle_walks.get(walk, 0)
+                least = math.inf if walk is not None and walks == 1 and self.target is not None else None
                 blocks = self._blocks(specs, part) if program is None else self._program_blocks(s, specs, program)
                 for block in blocks:
                     if final and not self._completes_exactly(missing, _sinks(block)):
@@ -480,6 +486,10 @@ class KernelSearch(Floors):
                     ids = [t.id for t in s.tensors]
                     for res in resolve(block, specs, ids, kid, s.graph_kernels, tie, self._plans,
                                        self.config.max_grid_axes, partial_axes=not final):
+                        if least is not None:
+                            outputs = [KTensor(tid, _output_shape(block, tile, chunk), block.tiles[tile].ae,
+                                               block.tiles[tile].pdims, chunk) for tid, tile, chunk in res.outputs]
+                            least = min(least, self._least_alone(s, res.kernel, outputs))
                         signature = _signature(res.kernel)
                         key = (max(subset), subset, 1, signature)
                         if key <= s.last_key:
@@ -495,6 +505,10 @@ class KernelSearch(Floors):
                             yield KState((*s.tensors, *new), (*s.kernels, res.kernel), key, s.graph_kernels + 1)
                             continue
                         self.pruned += 1
+                if walk is not None:
+                    self._middle_walks[walk] = walks + 1
+                    if least is not None:
+                        self._middle_least[walk] = least
 
     def _concrete_moves(
         self, s: KState, subset: tuple[int, ...], specs: list[InputSpec], final: bool, missing: list[int],

@@ -1205,6 +1205,48 @@ def test_kernels_cut_by_what_is_known_are_cut_without_being_analyzed(h100, monke
     assert analyses < analyses_before, (analyses, analyses_before)
 
 
+def test_middle_kernels_over_program_inputs_are_bounded_by_their_least_time_once_known(h100, monkeypatch):
+    """A middle kernel reading program inputs only is the same after every first kernel: once its
+    moves were generated twice, the least time of all of them is kept (`_middle_least`), and it
+    bounds that subset before its block graphs are generated again. Attention at its published
+    shape, the winner's time as the bound: the same candidates under the bound come, from fewer
+    states; the kept least time binds above `_middle_own`, and every candidate grown through such
+    a middle kernel takes at least the middle floor."""
+
+    def search(kept: bool) -> tuple[KernelSearch, set[str]]:
+        program = workloads.resolve("gqa")
+        ks = KernelSearch(program, space_of(program), Oracle(program), SearchConfig(max_kernel_ops=3), target=h100)
+        ks.bound_s = 11.7e-6  # just above the winner's estimate
+        if not kept:
+            monkeypatch.setattr(ks, "_middle_key", lambda s, subset, part: None)
+        under = {sg.dumps() for sg in ks.candidates()
+                 if (ranked := rank(sg, h100)) and ranked[0].estimate.time_s <= ks.bound_s}
+        return ks, under
+
+    ks, found = search(kept=True)
+    before, found_before = search(kept=False)
+    assert found and found == found_before
+    assert ks.total_states < before.total_states and not before._middle_least
+    start = ks.initial()
+    first = next(f for f in ks._graph_moves(start, False, only=(0, 1)) if len(f.tensors) == 4)
+    binding = [(subset, least) for (subset, level, _, part), least in ks._middle_least.items()
+               if level == 1 and part == (1, 0) and least > ks._middle_own(first, subset) * 1.01]
+    assert binding, ks._middle_least
+    floor = ks._middle_floor(first, 1)
+    ks.bound_s = float("inf")  # every middle and last kernel, to check the floor against
+    checked = 0
+    for subset, least in binding:
+        for middle in itertools.islice(ks._graph_moves(first, False, only=subset), 20):
+            own = ks._least_alone(first, middle.kernels[-1], middle.tensors[len(first.tensors):])
+            assert least <= own, middle.kernels[-1]
+            for last in itertools.islice(ks.moves(middle, final=True), 3):
+                cand = ks._candidate(last)
+                if cand is not None and (ranked := rank(cand, h100)):
+                    assert floor(subset) <= ranked[0].estimate.time_s * (1 + 1e-9), cand.dumps()
+                    checked += 1
+    assert checked >= 3
+
+
 @pytest.mark.parametrize("spec", ["gqa:ci", "gqa"])
 def test_a_middle_kernel_leaving_the_last_more_to_read_than_a_library_op_takes_is_bounded_by_its_graph(
         h100, spec):
