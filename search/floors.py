@@ -327,6 +327,19 @@ class Floors:
     def _inputs_of(self, outputs: list[int]) -> set[str]:
         return set().union(*(self._target_leaves[i] for i in outputs))
 
+    def _classes_of(self, outputs: list[int]) -> set[int]:
+        """The program dim classes of these outputs' dims. A block graph's tiles take their dims'
+        classes from its inputs' (no block op makes a dim: reshapes and transposes are library
+        kernels), and a last kernel writes dims of the outputs' classes (`_completes_exactly`), so
+        it must read a tensor with a dim of each (a head dim a reshape made, say)."""
+        return {c for i in outputs for c in self._output_classes[i] if c >= 0}
+
+    def _lacks_classes(self, s: KState) -> bool:
+        """Does a missing output have a dim class that no tensor of `s` has? Only a library
+        reshape makes one (the searched program returns no reshape: `ProgramViews`), so two more
+        kernels at least must follow: that reshape, and one computing from what it makes."""
+        return not self._classes_of(self._missing(s)) <= set().union(*(t.classes for t in s.tensors))
+
     def _last_graph_floor(self, s: KState, spent: float, subset: tuple[int, ...], missing: list[int]) -> float:
         """The least time of `s` plus a last graph kernel over these tensors: `spent` plus
         `_whole_floor`, or when that kernel merges the chunks of a kernel of `s`, the two

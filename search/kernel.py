@@ -42,7 +42,7 @@ from superopt.search.space import Space
 from superopt.search.states import FirstKernel, KState, KTensor
 from superopt.search.tiling import PLAN_ENTRIES, Chunk, Plans, resolve, resolve_fixed
 from superopt.search.views import ProgramViews
-from superopt.sgraph import GraphKernel, LibraryKernel, SGraph, SGraphError, TensorDecl, analyze
+from superopt.sgraph import GraphKernel, Kernel, LibraryKernel, SGraph, SGraphError, TensorDecl, analyze
 from superopt.sizes import Size
 from superopt.targets import Target
 from superopt.verifier.oracle import AE, Oracle
@@ -97,6 +97,8 @@ class KernelSearch(Floors):
         self._init_floors()
         # A reshape of the value a program reshape reads, in the same layout, to the same shape:
         # its dims get the program's classes (`abstract_program`), which the algebra cannot know.
+        # The only reshapes searched: the abstract values do not tell a reshape apart, and no
+        # prover rule moves one, so a schedule reshaping any other value is never proved.
         self._reshapes = {(self.oracle.class_of(self._values[n.inputs[0]][0]), self._values[n.inputs[0]][1],
                            n.size_shape): self._values[n.id][1]
                           for n in self.program.topological() if n.op == "reshape"}
@@ -375,9 +377,12 @@ class KernelSearch(Floors):
         library kernels go to the first part, graph-defined ones by their block graphs. `kind`
         ("library" or "graph") keeps kernels of that kind only. `later`: kernels to come after
         this one (graph kernels whose graphs cannot beat the bound are then not generated)."""
+        # A kernel right before the last makes no dim class the outputs lack, unless a reshape.
+        lacking = not final and later == 1 and self._lacks_classes(s)
         if part[1] == 0 and kind != "graph":
-            yield from self._library_moves(s, final, rereads)
-        if kind != "library":
+            yield from (m for m in self._library_moves(s, final, rereads)
+                        if not lacking or _reshapes(m.kernels[-1]))
+        if kind != "library" and not lacking:
             yield from self._graph_moves(s, final, part=part, rereads=rereads, later=later)
 
     def _reads_inputs(self, tensors: tuple[int, ...], rereads: bool | None) -> bool:
@@ -421,7 +426,11 @@ class KernelSearch(Floors):
                     operands = [(s.tensors[a].ae, s.tensors[a].classes) for a in args]
                     ae, classes = apply(self._alg, op, operands, attrs, [])
                     if op == "reshape":
-                        classes = self._reshapes.get((self.oracle.class_of(ae), operands[0][1], shape), classes)
+                        reshaped = self._reshapes.get((self.oracle.class_of(ae), operands[0][1], shape))
+                        if reshaped is None:
+                            self.pruned += 1
+                            continue  # no prover rule moves a reshape: one of another value is never proved
+                        classes = reshaped
                     if not self.oracle.contains(ae) or self._repeats(s, ae, shape, None, classes):
                         self.pruned += 1
                         continue
@@ -445,6 +454,9 @@ class KernelSearch(Floors):
         indices = range(len(s.tensors))
         missing = self._missing(s) if final else []
         needed = self._inputs_of(missing) if final else set()
+        spans = self._classes_of(missing) if final else set()
+        if final and self._lacks_classes(s):
+            return  # no subset of the tensors has every class the outputs have
         unused = self._unused(s) if final else []
         spent = self._spent(s) if final else 0.0
         middle = None if final or not later or self.bound_s == float("inf") else self._middle_floor(s, later, part)
@@ -456,6 +468,8 @@ class KernelSearch(Floors):
                     continue
                 if final and not needed <= set().union(*(s.tensors[i].leaves for i in subset)):
                     continue  # the last kernel must see every program input its outputs read
+                if final and not spans <= set().union(*(s.tensors[i].classes for i in subset)):
+                    continue  # and a dim of each class its outputs have (block ops make no dims)
                 if final and self._last_graph_floor(s, spent, subset, missing) > self.bound_s:
                     self.pruned += 1
                     self.bounded += 1
@@ -618,6 +632,10 @@ def _tuples(indices: Sequence[int], arity: int) -> Iterator[tuple[int, ...]]:
         for i in indices:
             for j in indices:
                 yield (i, j)
+
+
+def _reshapes(k: Kernel) -> bool:
+    return isinstance(k, LibraryKernel) and k.op == "reshape"
 
 
 def _signature(k: GraphKernel) -> str:

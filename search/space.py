@@ -73,7 +73,7 @@ def _free_kernels(program: Program) -> int | None:
     """How many kernels of a schedule the prover can prove may be free views: one per reshape of
     the program (no prover rule moves a reshape, so such a schedule reshapes only the values the
     program reshapes, and it computes no value twice; the oracle's abstract values do not tell a
-    reshape apart, so the search still builds schedules reshaping other values, never proved), any
+    reshape apart, so the search reshapes no other value: `KernelSearch._reshapes`), any
     number where the program transposes (the prover's transpose rules make transposed values of
     many others)."""
     written = [n.op for n in program.topological()]

@@ -514,6 +514,34 @@ def test_a_reshape_between_kernels_takes_one_launch_off_the_bounds_not_all(h100)
     assert space_of(kept).free_kernels is None and space_of(kept).launches(3) == 0
 
 
+def test_kernels_that_cannot_make_the_outputs_dims_are_not_grown(h100):
+    """Block ops make no dims: a graph kernel's tensors have the dim classes of what it reads. So
+    a last kernel whose inputs lack a class of the outputs (a head dim that a reshape made) is not
+    generated, nor is any kernel but a reshape right before the last; and the only reshape searched
+    is one of the value the program reshapes (no prover rule moves a reshape, so no other is
+    proved). Two projections' product split into heads and normalized per head: a complete search,
+    the fused product (one kernel, then the reshape and the norm), where a 15 s budget left the
+    unfused schedule."""
+    p = Program("heads_norm")
+    x, w, v = p.input("X", (4, 8), "bf16"), p.input("W", (8, 6), "bf16"), p.input("V", (8, 6), "bf16")
+    p.output(p.rms_norm(p.reshape(((x * p.sum(x, -1, keepdim=True)) @ w) * (x @ v), (4, 2, 3)), -1))
+    ks = KernelSearch(p, space_of(p), Oracle(p), SearchConfig(), target=h100)
+    start = ks.initial()
+    assert ks._lacks_classes(start)
+    walked = ks._gen.states
+    assert not list(ks._graph_moves(start, True)) and ks._gen.states == walked  # no block graph walked
+    xv = next(m for m in ks._library_moves(start, False) if m.kernels[-1].op == "matmul" and
+              m.kernels[-1].inputs == ("X", "V"))
+    assert [m.kernels[-1].op for m in ks._library_moves(xv, False)] and \
+        not any(m.kernels[-1].op == "reshape" for m in ks._library_moves(xv, False))  # X @ V is 4 x 6 too
+    assert not any(isinstance(m.kernels[-1], GraphKernel) for m in ks.moves(xv, later=1))
+    outcome = run_search(p, h100, SearchConfig(), budget_s=120)
+    assert not outcome.stats.budget_exhausted and outcome.best.verdict.proved
+    assert [getattr(k, "op", "graph") for k in outcome.best.sgraph.kernels][:2] == ["graph", "reshape"]
+    baseline = next(v for v in outcome.verified if v.sgraph.name.endswith(".unfused"))
+    assert outcome.best.best.estimate.time_s < baseline.best.estimate.time_s
+
+
 def test_an_input_read_only_through_a_view_may_share_a_name_with_a_searched_tensor(h100):
     """The searched program does not take an input read only through views; the search may name
     a tensor of its own like it (`t0`), which unfolding renames instead of defining twice."""
