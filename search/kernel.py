@@ -378,7 +378,7 @@ class KernelSearch(Floors):
         ("library" or "graph") keeps kernels of that kind only. `later`: kernels to come after
         this one (graph kernels whose graphs cannot beat the bound are then not generated)."""
         # A kernel right before the last makes no dim class the outputs lack, unless a reshape.
-        lacking = not final and later == 1 and self._lacks_classes(s)
+        lacking = not final and later == 1 and self._lacks_classes(s, computed=True)
         if part[1] == 0 and kind != "graph":
             yield from (m for m in self._library_moves(s, final, rereads)
                         if not lacking or _reshapes(m.kernels[-1]))

@@ -542,6 +542,23 @@ def test_kernels_that_cannot_make_the_outputs_dims_are_not_grown(h100):
     assert outcome.best.best.estimate.time_s < baseline.best.estimate.time_s
 
 
+def test_a_returned_reshape_of_a_fused_value_may_be_the_last_kernel(h100):
+    """A missing output that is itself a reshape (here returned transposed, the transpose a view)
+    is made by the reshape as the last kernel: the kernel before it computes, not reshapes
+    (`_lacks_classes(computed=True)`); found by `scripts/fuzz_optimize.py --seed 64 --heads
+    --layouts`, which left such a program unfused when the kernel before the last had to be a
+    reshape."""
+    p = Program("heads_view")
+    x, w = p.input("X", (4, 8), "f16"), p.input("W", (6, 8), "f16")
+    centered = (x - p.mean(x, -1, keepdim=True)) / 3.0
+    p.output(p.transpose(p.reshape(centered @ p.transpose(w, (1, 0)), (4, 2, 3)), (0, 2, 1)))
+    outcome = run_search(p, h100, SearchConfig(), budget_s=120)
+    baseline = next(v for v in outcome.verified if v.sgraph.name.endswith(".unfused"))
+    assert not outcome.stats.budget_exhausted and outcome.best.verdict.proved
+    assert outcome.best.best.estimate.time_s < baseline.best.estimate.time_s
+    assert "reshape" in [getattr(k, "op", "graph") for k in outcome.best.sgraph.kernels]
+
+
 def test_an_input_read_only_through_a_view_may_share_a_name_with_a_searched_tensor(h100):
     """The searched program does not take an input read only through views; the search may name
     a tensor of its own like it (`t0`), which unfolding renames instead of defining twice."""
