@@ -455,8 +455,8 @@ class KernelSearch(Floors):
         missing = self._missing(s) if final else []
         needed = self._inputs_of(missing) if final else set()
         spans = self._classes_of(missing) if final else set()
-        if final and self._lacks_classes(s):
-            return  # no subset of the tensors has every class the outputs have
+        if not spans <= set().union(*(t.classes for t in s.tensors)):
+            return  # no subset of the tensors has every class the outputs have (`_lacks_classes`)
         unused = self._unused(s) if final else []
         spent = self._spent(s) if final else 0.0
         middle = None if final or not later or self.bound_s == float("inf") else self._middle_floor(s, later, part)
