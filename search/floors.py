@@ -334,12 +334,12 @@ class Floors:
         it must read a tensor with a dim of each (a head dim a reshape made, say)."""
         return {c for i in outputs for c in self._output_classes[i] if c >= 0}
 
-    def _lacks_classes(self, s: KState, computed: bool = False) -> bool:
-        """Does a missing output have a dim class that no tensor of `s` has (no graph kernel
-        over them can write it)? Only a library reshape makes one. `computed`: of the outputs
-        that are no reshape, which must then be computed after such a reshape (two kernels more
-        at least, the kernel before the last one a reshape)."""
-        missing = [i for i in self._missing(s) if not computed or self._outputs[i].op != "reshape"]
+    def _lacks_classes(self, s: KState) -> bool:
+        """Does a missing output that is no reshape have a dim class no tensor of `s` has? Only a
+        library reshape makes one, so two kernels more at least must follow: that reshape, and
+        one computing the output from what it makes. (An output that is itself a reshape may be
+        made by the reshape as the last kernel.)"""
+        missing = [i for i in self._missing(s) if self._outputs[i].op != "reshape"]
         return not self._classes_of(missing) <= set().union(*(t.classes for t in s.tensors))
 
     def _last_graph_floor(self, s: KState, spent: float, subset: tuple[int, ...], missing: list[int]) -> float:

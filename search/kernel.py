@@ -378,7 +378,7 @@ class KernelSearch(Floors):
         ("library" or "graph") keeps kernels of that kind only. `later`: kernels to come after
         this one (graph kernels whose graphs cannot beat the bound are then not generated)."""
         # A kernel right before the last makes no dim class the outputs lack, unless a reshape.
-        lacking = not final and later == 1 and self._lacks_classes(s, computed=True)
+        lacking = not final and later == 1 and self._lacks_classes(s)
         if part[1] == 0 and kind != "graph":
             yield from (m for m in self._library_moves(s, final, rereads)
                         if not lacking or _reshapes(m.kernels[-1]))
@@ -456,7 +456,7 @@ class KernelSearch(Floors):
         needed = self._inputs_of(missing) if final else set()
         spans = self._classes_of(missing) if final else set()
         if not spans <= set().union(*(t.classes for t in s.tensors)):
-            return  # no subset of the tensors has every class the outputs have (`_lacks_classes`)
+            return  # no subset of the tensors has every class the outputs have (block ops make none)
         unused = self._unused(s) if final else []
         spent = self._spent(s) if final else 0.0
         middle = None if final or not later or self.bound_s == float("inf") else self._middle_floor(s, later, part)

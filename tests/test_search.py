@@ -545,9 +545,9 @@ def test_kernels_that_cannot_make_the_outputs_dims_are_not_grown(h100):
 def test_a_returned_reshape_of_a_fused_value_may_be_the_last_kernel(h100):
     """A missing output that is itself a reshape (here returned transposed, the transpose a view)
     is made by the reshape as the last kernel: the kernel before it computes, not reshapes
-    (`_lacks_classes(computed=True)`); found by `scripts/fuzz_optimize.py --seed 64 --heads
-    --layouts`, which left such a program unfused when the kernel before the last had to be a
-    reshape."""
+    (`_lacks_classes` asks only of outputs that are no reshape); found by
+    `scripts/fuzz_optimize.py --seed 64 --heads --layouts`, which left such a program unfused
+    when the kernel before the last had to be a reshape."""
     p = Program("heads_view")
     x, w = p.input("X", (4, 8), "f16"), p.input("W", (6, 8), "f16")
     centered = (x - p.mean(x, -1, keepdim=True)) / 3.0
