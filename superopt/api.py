@@ -188,7 +188,7 @@ def _reuse_is_complete(
 
 
 def _result(program: Program, choice: TargetChoice, outcome: Any) -> Result:
-    from superopt.verifier.verify import verify
+    from superopt.verifier.verify import verify_at
 
     t = choice.target
     ordered = sorted(outcome.verified, key=lambda v: v.sort_key())
@@ -202,8 +202,8 @@ def _result(program: Program, choice: TargetChoice, outcome: Any) -> Result:
         c = _candidate(v.sgraph, v.best.params, v.best.estimate, v.verdict)
         candidates.append(c)
         if winner is None:
-            # The returned kernel itself: re-verified at the program's real shapes and parameters.
-            final = verify(program, v.sgraph, target=t, params=v.best.params)
+            # The returned kernel itself: checked again at the program's real shapes and parameters.
+            final = verify_at(program, v.sgraph, v.best.params, v.verdict, target=t)
             if final.proved:
                 c.verdict = final
                 winner = c

@@ -29,7 +29,7 @@ from superopt.verifier.lowering import lower_program, lower_sgraph
 from superopt.verifier.oracle import C, Oracle, abstract_program, abstract_sgraph, constants_of, mk
 from superopt.verifier.rules import RULES, permutation_rules
 from superopt.verifier.term_eval import Bindings, agree
-from superopt.verifier.verify import verify
+from superopt.verifier.verify import verify, verify_at
 
 NAMES = list(workloads.WORKLOADS)
 
@@ -112,6 +112,57 @@ def test_field_arithmetic_is_exact():
     assert np.array_equal(alg.mul(alg.div(x, y), y).p, x.p)
     half = alg.const(0.5)
     assert int(half.p) * 2 % finite_field.P == 1
+
+
+@pytest.mark.parametrize(("a_shape", "b_shape"), [((3, 70), (70, 4)), ((2, 3, 4096), (2, 4096, 5)),
+                                                  ((5, 2), (2, 700)), ((2, 70000), (70000, 2)), ((4, 3, 2), (2, 6))])
+@pytest.mark.parametrize("m", [finite_field.P, finite_field.Q])
+def test_field_matmul_is_exact_for_every_contraction_length(a_shape, b_shape, m):
+    """Limbs are as wide as the contraction length allows (K 2^width 2^32 <= 2^53), either operand
+    may be the one cut, and contractions past 2^16 are halved: checked against Python integers,
+    with the largest residue in every row and column (the sums that come nearest 2^53)."""
+    rng = np.random.default_rng([3, len(a_shape), b_shape[-1]])
+    a, b = rng.integers(0, m, a_shape), rng.integers(0, m, b_shape)
+    a[..., 0], b[..., 0, :] = m - 1, m - 1
+    a[..., -1], b[..., -1, :] = m - 1, m - 1
+    got = finite_field._matmul_mod(a, b, m)
+    a3, b3 = np.broadcast_to(a, (*got.shape[:-2], *a.shape[-2:])), np.broadcast_to(b, (*got.shape[:-2], *b.shape[-2:]))
+    for idx in np.ndindex(*got.shape[:-2]):
+        x, y = a3[idx].astype(object), b3[idx].astype(object)
+        assert np.array_equal(got[idx], (x.dot(y) % m).astype(np.int64)), idx
+
+
+def test_field_draws_cover_the_field_evenly():
+    """Residues come from 31 random bits each: in range, no residue likelier than the bound
+    `check` reports (at most 1 + 1e-7 times uniform), and a small field's counts are even."""
+    rng = np.random.default_rng(4)
+    for m in (finite_field.P, finite_field.Q):
+        r = finite_field._residues(rng, m, (200_000,))
+        assert r.min() >= 0 and r.max() < m and len(np.unique(r)) > 199_900  # birthday collisions: about 10 and 20
+        assert 1.0 <= finite_field._most_likely(m) * m < 1 + 1e-7
+    counts = np.bincount(finite_field._residues(rng, 7, (700_000,)), minlength=7)
+    assert np.all(np.abs(counts / 100_000 - 1) < 0.02), counts
+
+
+def test_the_returned_kernel_is_checked_at_real_shapes_without_proving_again(h100):
+    """`verify_at` adds the finite-field and float checks at the program's real shapes to a
+    verdict `verify` made (the same layers, seeds and figures as `verify(..., params=)`), without
+    a second proof; a refuted verdict comes back unchanged."""
+    program, ref = workloads.reference_for("rmsnorm_matmul:ci")
+    params = list(enumerate_assignments(ref, h100))[-1]
+    v = verify(program, ref, target=h100)
+    w = verify_at(program, ref, params, v, target=h100)
+    assert w.proved and [x["layer"] for x in w.layers] == [x["layer"] for x in v.layers] + ["finite_field", "float"]
+    assert w.layers[-2]["detail"]["shapes"] == {n.id: list(n.shape) for n in program.inputs}
+    assert w.layers[-2]["detail"]["params"] == params and w.finite_field_trials == v.finite_field_trials + 2
+    assert w.float_instantiations == v.float_instantiations + 1 and len(v.layers) == len(w.layers) - 2
+    whole = verify(program, ref, target=h100, params=params)
+    assert [(x["layer"], x["detail"]) for x in whole.layers if x["layer"] != "egraph"] == \
+        [(x["layer"], x["detail"]) for x in w.layers if x["layer"] != "egraph"]
+    what, wrong = next((what, m) for what, m in mutants(ref, program) if not verify(program, m, target=h100).proved)
+    refuted = verify(program, wrong, target=h100)
+    again = verify_at(program, wrong, params, refuted, target=h100)
+    assert not again.proved and again.layers == refuted.layers, what
 
 
 # -- references and baselines -----------------------------------------------------------------------

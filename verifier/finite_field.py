@@ -1,16 +1,18 @@
 """Finite-field fingerprints: evaluate program and instantiated sGraph exactly in Z_p.
 
 Every value carries its residue mod p and, while it can still reach an exponent, a shadow mod q
-with q | p - 1: `exp(x)` is g^(x mod q) in Z_p with g of order q, so exp(a + b) = exp(a) exp(b)
-holds exactly (Mirage's construction; p = 2q + 1 ≈ 2^31 here instead of 16-bit fields). Arithmetic
-is exact, so there is no tolerance: a mismatch proves the two computations differ (for the
-modelled ops). Ops outside {+, -, *, /, exp} (sqrt, relu, max, and exp of a value that already
-went through exp) are uninterpreted: random low-degree polynomials drawn per trial, the same on
-both sides, so any computation that applies them to equal arguments agrees.
+(none when the program has no exp) with q | p - 1: `exp(x)` is g^(x mod q) in Z_p with g of order
+q, so exp(a + b) = exp(a) exp(b) holds exactly (Mirage's construction; p = 2q + 1 ≈ 2^31 here
+instead of 16-bit fields). Arithmetic is exact, so there is no tolerance: a mismatch proves the two
+computations differ (for the modelled ops). Ops outside {+, -, *, /, exp} (sqrt, relu, max,
+and exp of a value that already went through exp) are uninterpreted: random low-degree polynomials
+drawn per trial, the same on both sides, so any computation that applies them to equal arguments
+agrees.
 
 Equal fingerprints are a probabilistic statement: a nonzero difference of total degree D vanishes
 at a random point with probability ≤ D/p (Schwartz–Zippel), and exponents collide with probability
-about D_exp/q; k independent trials multiply. `error_bound` reports that figure.
+about D_exp/q (times 1 + 1e-7: residues are drawn from 31 random bits, `_most_likely`); k
+independent trials multiply. `error_bound` reports that figure.
 """
 
 from __future__ import annotations
@@ -30,6 +32,9 @@ from superopt.program import Program
 P = 2147483783  # prime, P = 2 Q + 1
 Q = 1073741891  # prime
 G = 9  # 3^2 has order Q in Z_P^* (P - 1 = 2 Q)
+EXACT_BITS = 53  # float64 holds every integer below 2^53
+RESIDUE_BITS = 32  # residues mod P and Q are below 2^32
+DRAW_BITS = 31  # random bits per drawn residue: times a residue below 2^32, below 2^63
 POISON = -1  # never a residue: an unwritten output element fails every comparison
 UF_DEGREE = 3
 
@@ -74,15 +79,23 @@ def _exp_g(e: np.ndarray) -> np.ndarray:
 
 
 def _matmul_mod(a: np.ndarray, b: np.ndarray, m: int) -> np.ndarray:
-    """Exact (a @ b) mod m: 16-bit limbs multiplied in float64 (exact below 2^53)."""
-    a1, a0 = (a >> 16).astype(np.float64), (a & 0xFFFF).astype(np.float64)
-    b1, b0 = (b >> 16).astype(np.float64), (b & 0xFFFF).astype(np.float64)
-
-    def mm(x: np.ndarray, y: np.ndarray) -> np.ndarray:
-        return np.matmul(x, y).astype(np.int64) % m
-
-    hi, mid, lo = mm(a1, b1), (mm(a1, b0) + mm(a0, b1)) % m, mm(a0, b0)
-    return ((hi * ((1 << 32) % m)) % m + (mid * (1 << 16)) % m + lo) % m
+    """Exact (a @ b) mod m in float64 BLAS: the operand with fewer elements is cut into limbs of
+    `width` bits, the other taken whole (residues below 2^32), so every sum of K products stays
+    below 2^53, where float64 is exact. The large operand (a weight) is converted once, not
+    once per limb: that conversion, not the products, is what a limb costs."""
+    k = a.shape[-1]
+    if k > 1 << 16:  # keep the limbs wide: contract the halves apart
+        h = k // 2
+        return (_matmul_mod(a[..., :h], b[..., :h, :], m) + _matmul_mod(a[..., h:], b[..., h:, :], m)) % m
+    width = EXACT_BITS - RESIDUE_BITS - max(k - 1, 1).bit_length()  # K 2^width 2^32 <= 2^53
+    cut_a = a.size <= b.size
+    small, whole = (a, b.astype(np.float64)) if cut_a else (b, a.astype(np.float64))
+    out = np.zeros((), dtype=np.int64)
+    for shift in range(0, RESIDUE_BITS, width):
+        limb = ((small >> shift) & ((1 << width) - 1)).astype(np.float64)
+        part = (np.matmul(limb, whole) if cut_a else np.matmul(whole, limb)).astype(np.int64) % m
+        out = (out + part * pow(2, shift, m)) % m
+    return out
 
 
 def _const_mod(value: float, m: int) -> int:
@@ -184,11 +197,24 @@ def _poly(coeffs: list[int], x: np.ndarray, m: int) -> np.ndarray:
     return out
 
 
-def random_field_inputs(program: Program, rng: np.random.Generator) -> dict[str, FF]:
-    return {
-        n.id: FF(rng.integers(0, P, n.shape, dtype=np.int64), rng.integers(0, Q, n.shape, dtype=np.int64))
-        for n in program.inputs
-    }
+def random_field_inputs(program: Program, rng: np.random.Generator, shadow: bool = True) -> dict[str, FF]:
+    """Random residues; the exponent shadow only when `shadow` (a program without exp never
+    reads it, and at real shapes it doubles the work)."""
+    return {n.id: FF(_residues(rng, P, n.shape), _residues(rng, Q, n.shape) if shadow else None)
+            for n in program.inputs}
+
+
+def _residues(rng: np.random.Generator, m: int, shape: tuple[int, ...]) -> np.ndarray:
+    """Residues mod m (< 2^32), each from 31 random bits scaled to [0, m): none has more than
+    ceil(2^31 / m) of the 2^31 draws (`_most_likely`), the figure Schwartz-Zippel's bound takes;
+    a third of `rng.integers`' time, which is most of a check's at real shapes."""
+    bits = rng.bit_generator.random_raw(shape) >> np.uint64(64 - DRAW_BITS)
+    return (bits.astype(np.int64) * m) >> DRAW_BITS
+
+
+def _most_likely(m: int) -> float:
+    """The largest probability of one residue mod m drawn by `_residues`."""
+    return -(-(1 << DRAW_BITS) // m) / (1 << DRAW_BITS)
 
 
 def evaluate_program(program: Program, inputs: Mapping[str, FF], alg: FieldAlgebra) -> list[FF]:
@@ -211,11 +237,11 @@ class FieldCheck:
 def check(program: Program, inst: Instance, trials: int = 2, seed: int = 0) -> FieldCheck:
     """Compare fingerprints of `program` and the instantiated sGraph over `trials` random points."""
     deg, deg_exp = degree_bounds(program)
-    per_trial = min(1.0, deg / P + deg_exp / Q)
+    per_trial = min(1.0, deg * _most_likely(P) + deg_exp * _most_likely(Q))
     for trial in range(trials):
         rng = np.random.default_rng([seed, trial])
         alg = FieldAlgebra(rng)
-        inputs = random_field_inputs(program, rng)
+        inputs = random_field_inputs(program, rng, shadow=deg_exp > 0)
         want = evaluate_program(program, inputs, alg)
         got = run_sgraph(inst, inputs, alg)
         for i, (w, g) in enumerate(zip(want, got, strict=True)):
