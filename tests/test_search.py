@@ -870,13 +870,14 @@ def test_shape_reuse_searches_again_when_deeper_graphs_could_win(monkeypatch):
     first = optimize(workloads.resolve("gqa:ci"), target="h100", budget_s=60, cache=False)
     assert not first.search.reused and first.search.depth == 1
     calls: list[str] = []
-    verify, search = verifier.verify, driver.run_search
+    verify, verify_at, search = verifier.verify, verifier.verify_at, driver.run_search
     monkeypatch.setattr(verifier, "verify", lambda *a, **k: calls.append("verify") or verify(*a, **k))
+    monkeypatch.setattr(verifier, "verify_at", lambda *a, **k: calls.append("verify_at") or verify_at(*a, **k))
     monkeypatch.setattr(driver, "run_search", lambda *a, **k: calls.append("search") or search(*a, **k))
     second = optimize(workloads.resolve("gqa"), target="h100", budget_s=10, cache=False)
     assert not second.search.reused and second.search.states > 0
     assert second.best.time_us < second.baseline.time_us
-    assert calls[0] == "search" and "verify" in calls  # the winner is re-verified at its real shapes
+    assert calls == ["search", "verify_at"]  # the winner is checked again at its real shapes
 
 
 def test_report_has_every_documented_field():
