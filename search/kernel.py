@@ -132,10 +132,15 @@ class KernelSearch(Floors):
     def _tick(self) -> None:
         if self.on_state is not None:
             self.on_state(self)
-        if time.time() > self.deadline:
-            raise BudgetExhausted("time")
+        self._within_deadline()
         if self.max_states is not None and self.total_states >= self.max_states:
             raise BudgetExhausted("states")
+
+    def _within_deadline(self) -> None:
+        """Past the deadline, stop. Asked at every new state, and between first kernels being
+        ranked, which makes none (qknorm_gqa ranked them for 20 s past a 120 s budget)."""
+        if time.time() > self.deadline:
+            raise BudgetExhausted("time")
 
     # -- the walk ------------------------------------------------------------------------------
     def initial(self) -> KState:
@@ -249,8 +254,11 @@ class KernelSearch(Floors):
         (`undominated`) and deals them out to the shards of deeper graphs."""
         key = (choice, part)
         if key not in self._first_kernels:
-            states = list(self._graph_moves(self.initial(), False, only=choice[1], part=part))
-            self._first_kernels[key] = self.undominated([self._ranked_first(st) for st in states])
+            ranked = []
+            for st in self._graph_moves(self.initial(), False, only=choice[1], part=part):
+                self._within_deadline()
+                ranked.append(self._ranked_first(st))
+            self._first_kernels[key] = self.undominated(ranked)
         return self._first_kernels[key]
 
     def program_split(self) -> list[SGraph]:

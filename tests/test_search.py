@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 import itertools
 import json
+import time
 import weakref
 from collections.abc import Iterator
 
@@ -21,7 +22,7 @@ from superopt.search.block import Generator, InputSpec
 from superopt.search.driver import FULL_COLLECTION_AFTER, Searcher, Shard, run_search
 from superopt.search.fingerprint import fingerprint, random_inputs
 from superopt.search.instantiation import rank
-from superopt.search.kernel import KernelSearch
+from superopt.search.kernel import BudgetExhausted, KernelSearch
 from superopt.search.space import space_of
 from superopt.sgraph import GraphKernel, LibraryKernel
 from superopt.verifier.oracle import Oracle
@@ -1565,6 +1566,32 @@ def test_first_kernels_made_in_parts_and_dealt_out_give_the_whole_shard(h100, na
     dealt = [tuple(f.state for f in gathered[i::3]) for i in range(3)]
     shares = [[sg.dumps() for sg in ks.candidates_in(3, choice, (3, i), dealt[i])] for i in range(3)]
     assert sum(map(bool, dealt)) >= 2 and whole and sorted(itertools.chain.from_iterable(shares)) == whole
+
+
+def test_ranking_first_kernels_keeps_the_deadline(h100, monkeypatch):
+    """Ranking a choice's first kernels (their least times, for deeper graphs) makes no state, so
+    no tick: qknorm_gqa ranked for 20 s past a 120 s budget. The deadline is asked between first
+    kernels too; with time left the same first kernels come out."""
+    program = workloads.resolve("gqa:ci")
+    choice = ("graph", tuple(range(len(program.inputs))))
+    fresh = KernelSearch(program, space_of(program), Oracle(program), SearchConfig(), target=h100)
+    whole = [f.text for f in fresh.first_kernels(choice)]
+    ks = KernelSearch(program, space_of(program), Oracle(program), SearchConfig(), target=h100)
+    ranked: list[object] = []
+    rank = ks._ranked_first
+
+    def slow(st):  # the deadline passes while the first one is ranked
+        ks.deadline = time.time() - 1
+        ranked.append(st)
+        return rank(st)
+
+    monkeypatch.setattr(ks, "_ranked_first", slow)
+    with pytest.raises(BudgetExhausted):
+        ks.first_kernels(choice)
+    assert len(ranked) == 1 and len(whole) > 1
+    monkeypatch.setattr(ks, "_ranked_first", rank)
+    ks.deadline = float("inf")
+    assert [f.text for f in ks.first_kernels(choice)] == whole
 
 
 @pytest.mark.parametrize("choice", [(0, 1), (0, 1, 2)])
