@@ -92,8 +92,10 @@ def _search_plans(s: BlockState, n_inputs: int, tied: bool, max_grid: int, parti
     loop_options: list[frozenset[int]]
     if tied:
         loop_options = [frozenset({-2})]  # the tied loop: walks the tied input dims
-    else:
-        loop_options = [frozenset(c) for r in range(len(reduced) + 1) for c in combinations(reduced, r)]
+    else:  # a loop walks at most one dim of each input (`_plan`): no other subset is tried
+        input_dims = [set(root_dims[k]) for k in range(n_inputs)]
+        loop_options = [frozenset(c) for r in range(len(reduced) + 1) for c in combinations(reduced, r)
+                        if all(len(dims.intersection(c)) <= 1 for dims in input_dims)]
     partial_options = [()] + ([(c,) for c in splittable_reduced] if partial_axes else [])
     for loop in loop_options:
         for partial in partial_options:
@@ -255,16 +257,8 @@ def _plan(
 ) -> _Plan | None:
     """The linearity analysis of one choice of grid axes and loop: its plan, or None when some
     tile would not be computable per block (or the tiling repeats another's work)."""
-    grid_status = [status(classes, is_loop=False) for classes, _ in axes]
-    if tied:
-        loop_status = status(frozenset(), is_loop=True, tied=True)
-    elif loop:
-        loop_status = status(loop, is_loop=True)
-    else:
-        loop_status = None
-    if any(st is None for st in grid_status) or (loop_status is None and (loop or tied)):
-        return None
-    # Inputs: imap and fmap.
+    # Inputs: imap and fmap (before the statuses, which cost far more and which a tiling these
+    # rule out never needs: an input walked along two dims, an axis that splits no input).
     imaps: list[list[int | None]] = []
     fmaps: list[int | None] = []
     for k in range(n_inputs):
@@ -288,6 +282,15 @@ def _plan(
         return None
     if not looping and any(t.phase == 1 and t.op != "acc" for t in s.tiles):
         return None  # without a loop the body/post split means nothing: the all-body form stands for it
+    grid_status = [status(classes, is_loop=False) for classes, _ in axes]
+    if tied:
+        loop_status = status(frozenset(), is_loop=True, tied=True)
+    elif loop:
+        loop_status = status(loop, is_loop=True)
+    else:
+        loop_status = None
+    if any(st is None for st in grid_status) or (loop_status is None and (loop or tied)):
+        return None
     # Accumulators.
     acc_kind: dict[int, tuple[str, int | None]] = {}
     for k, t in enumerate(s.tiles):
