@@ -218,6 +218,8 @@ class KernelSearch(Floors):
             for state in self._graph_moves(root, final, only=choice[1], program=self.program):
                 yield from self._at_depth(state, depth)
             return
+        if choice[0] == "graph" and not final and self._first_too_slow(choice[1], depth, part):
+            return
         if firsts is not None:
             states = list(firsts)
         elif choice[0] == "library":
@@ -246,6 +248,17 @@ class KernelSearch(Floors):
             for rereads in (False, True):
                 for state in states:
                     yield from self._at_depth(state, depth, rereads, second, kind)
+
+    def _first_too_slow(self, subset: tuple[int, ...], depth: int, part: tuple[int, int]) -> bool:
+        """Must every graph of `depth` kernels whose first is a graph kernel over these inputs
+        exceed the bound (`_middle_floor` of that kernel, `depth - 1` kernels after it)? Asked
+        before its first kernels are generated and ranked (a large block space each: rmsnorm_mlp's
+        first kernels over X and one weight are cut by this alone)."""
+        if self.bound_s == float("inf") or self._middle_floor(self.initial(), depth - 1, part)(subset) <= self.bound_s:
+            return False
+        self.pruned += 1
+        self.bounded += 1
+        return True
 
     def first_kernels(self, choice: FirstChoice, part: tuple[int, int] = (1, 0)) -> list[FirstKernel]:
         """A graph choice's first kernels for deeper graphs (not the last kernel), from this part of

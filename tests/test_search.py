@@ -1216,6 +1216,34 @@ def test_middle_kernel_floor_is_below_every_candidate_through_it(h100, spec):
     assert spec != "gqa" or min(ratios) < 2.0, min(ratios)
 
 
+def test_a_first_kernel_that_cannot_beat_the_bound_is_cut_before_its_block_graphs(h100, monkeypatch):
+    """rmsnorm_mlp at its published shape: a graph of two kernels whose first reads X and one
+    weight reads the other weight in its second and launches twice, so the floor of its first
+    kernel (`_middle_floor`, known from what it reads) is above the winner's time. Such a choice
+    is cut before its first kernels are generated and ranked (a second each, for nothing), and
+    the floor is below every candidate grown through such first kernels."""
+    ks = _with_floors("rmsnorm_mlp", h100)
+    floor = ks._middle_floor(ks.initial(), 1)((0, 1))
+    times = []
+    for first in itertools.islice(ks._graph_moves(ks.initial(), False, only=(0, 1)), 12):
+        for last in itertools.islice(ks.moves(first, final=True), 3):
+            if (cand := ks._candidate(last)) is not None and (ranked := rank(cand, h100)):
+                times.append(ranked[0].estimate.time_s * (1 + 1e-9))
+    assert len(times) >= 5 and floor <= min(times), (floor, min(times))
+
+    def generated(*args):
+        raise AssertionError("the first kernels of a choice cut by the bound were generated")
+
+    ks.bound_s = 24.56e-6  # just above the winner's estimate
+    assert floor > ks.bound_s
+    monkeypatch.setattr(ks, "first_kernels", generated)
+    bounded = ks.bounded
+    assert list(ks.candidates_in(2, ("graph", (0, 1)))) == []
+    assert ks.bounded == bounded + 1
+    list(ks.candidates_in(2, ("graph", (0, 1, 2)), firsts=[]))
+    assert ks.bounded == bounded + 1  # reading X, Wu and Wg, the first kernel may do all the work
+
+
 def test_kernels_cut_by_what_is_known_are_cut_without_being_analyzed(h100, monkeypatch):
     """Before a state's kernels are analyzed for their least times (`_spent`), the bound asks
     what is known without that (`_known_spent`: kept least times, else launch and bytes), which is
