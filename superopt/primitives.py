@@ -150,5 +150,9 @@ class ArrayAlgebra(Algebra[V]):
     def concat(self, parts: Sequence[V], dim: int) -> V: ...
 
     @abstractmethod
+    def broadcast_to(self, a: V, shape: Sequence[int]) -> V:
+        """`a` repeated along its unit dims (numpy's rules): a tile every block of an axis writes."""
+
+    @abstractmethod
     def round(self, a: V, storage: Any) -> V:
         """Round a value to the storage dtype it is written in (identity for exact algebras)."""

@@ -44,6 +44,9 @@ class FloatAlgebra(ArrayAlgebra[np.ndarray]):
     def concat(self, parts: Sequence[np.ndarray], dim: int) -> np.ndarray:
         return np.concatenate(parts, axis=dim)
 
+    def broadcast_to(self, a: np.ndarray, shape: Sequence[int]) -> np.ndarray:
+        return np.broadcast_to(a, tuple(shape))
+
     def cast(self, x: np.ndarray) -> np.ndarray:
         return np.asarray(x, dtype=self.ftype)
 

@@ -186,6 +186,9 @@ class FieldAlgebra(ArrayAlgebra[FF]):
         qs = [x.q for x in parts]
         return FF(p, None if any(q is None for q in qs) else np.concatenate(qs, axis=dim))  # type: ignore[arg-type]
 
+    def broadcast_to(self, a: FF, shape: Sequence[int]) -> FF:
+        return self._lift(lambda x, m: np.broadcast_to(x, tuple(shape)), a)
+
     def round(self, a: FF, storage: Any) -> FF:
         return a
 
