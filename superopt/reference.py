@@ -148,9 +148,11 @@ def random_inputs(program: Program, seed: int) -> dict[str, np.ndarray]:
     out: dict[str, np.ndarray] = {}
     for n in program.inputs:
         s = scale[n.id] * rng.uniform(0.5, 1.0)
-        x = (rng.standard_normal(n.shape) + 0.1) * s
-        x = np.where(x == 0, s, x)
-        out[n.id] = dtype(n.dtype or "f32").round(x).astype(np.float64)
+        x = rng.standard_normal(n.shape)
+        x += 0.1  # in place: at real shapes each new array was a fresh page-faulted allocation
+        x *= s
+        x[x == 0] = s
+        out[n.id] = dtype(n.dtype or "f32").round(x).astype(np.float64, copy=False)
     return out
 
 

@@ -130,6 +130,34 @@ def test_field_matmul_is_exact_for_every_contraction_length(a_shape, b_shape, m)
     for idx in np.ndindex(*got.shape[:-2]):
         x, y = a3[idx].astype(object), b3[idx].astype(object)
         assert np.array_equal(got[idx], (x.dot(y) % m).astype(np.int64)), idx
+    # the same with the operands' float64 copies given (an input's, `FF.pf`), halves included
+    assert np.array_equal(finite_field._matmul_mod(a, b, m, a.astype(np.float64), b.astype(np.float64)), got)
+
+
+def test_only_inputs_under_an_exp_carry_the_exponent_shadow(h100):
+    """An input's exponent shadow is read by exp alone, so only the inputs an exp's argument
+    depends on get one: not gated_mlp's up projection (outside silu), attention's V (after the
+    softmax) or any input of a program without exp. An sGraph that takes exp of an input without
+    one still fails: silu of the up projection times the gate's is refuted."""
+    assert finite_field.exponent_inputs(workloads.resolve("gated_mlp")) == {"X", "W1"}
+    assert finite_field.exponent_inputs(workloads.resolve("gqa")) == {"Q", "K"}
+    assert finite_field.exponent_inputs(workloads.resolve("rmsnorm_matmul")) == set()
+    p = Program("exp_of_exp")
+    x, y, z = (p.input(n, (4, 4), "f32") for n in "XYZ")
+    p.output(p.op("mul", p.op("exp", p.op("add", p.op("exp", x), p.op("sum", y, dim=1, keepdim=True))), z))
+    assert finite_field.exponent_inputs(p) == {"X", "Y"}
+    inputs = finite_field.random_field_inputs(p, np.random.default_rng(0), shadow=finite_field.exponent_inputs(p))
+    assert inputs["Z"].q is None and inputs["X"].q is not None and inputs["Y"].qf is not None
+
+    program, ref = workloads.reference_for("gated_mlp:ci")
+    params = list(enumerate_assignments(ref, h100))[-1]
+    assert finite_field.check(program, instantiate(ref, params, h100)).passed
+    swapped = json.loads(ref.dumps())
+    post = swapped["kernels"][0]["post"]
+    assert post[0]["inputs"] == ["acc2"] and post[1]["inputs"] == ["p5", "acc4"]
+    post[0]["inputs"], post[1]["inputs"] = ["acc4"], ["p5", "acc2"]  # silu(X W2) * (X W1)
+    res = finite_field.check(program, instantiate(SGraph.from_json(swapped), params, h100))
+    assert not res.passed and "trial 0" in res.mismatch
 
 
 def test_field_draws_cover_the_field_evenly():

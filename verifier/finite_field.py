@@ -17,7 +17,7 @@ independent trials multiply. `error_bound` reports that figure.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
@@ -26,7 +26,7 @@ import numpy as np
 
 from superopt.instantiate import Instance
 from superopt.interpreter import run as run_sgraph
-from superopt.primitives import Algebra, ArrayAlgebra, apply
+from superopt.primitives import Algebra, ArrayAlgebra, V, apply
 from superopt.program import Program
 
 P = 2147483783  # prime, P = 2 Q + 1
@@ -41,10 +41,15 @@ UF_DEGREE = 3
 
 @dataclass
 class FF:
-    """A tensor over Z_P with an optional exponent shadow over Z_Q."""
+    """A tensor over Z_P with an optional exponent shadow over Z_Q. An input's residues come with
+    float64 copies (`pf`, `qf`), kept through slices and views of it: a matmul reads a weight
+    as float64 (`_matmul_mod`), and converting it for every matmul and tile that reads it was
+    most of a check at real shapes."""
 
     p: np.ndarray
     q: np.ndarray | None
+    pf: np.ndarray | None = None
+    qf: np.ndarray | None = None
 
 
 def _mulmod(a: np.ndarray, b: np.ndarray, m: int) -> np.ndarray:
@@ -78,24 +83,37 @@ def _exp_g(e: np.ndarray) -> np.ndarray:
     return out
 
 
-def _matmul_mod(a: np.ndarray, b: np.ndarray, m: int) -> np.ndarray:
+def _matmul_mod(
+    a: np.ndarray, b: np.ndarray, m: int, af: np.ndarray | None = None, bf: np.ndarray | None = None,
+) -> np.ndarray:
     """Exact (a @ b) mod m in float64 BLAS: the operand with fewer elements is cut into limbs of
     `width` bits, the other taken whole (residues below 2^32), so every sum of K products stays
-    below 2^53, where float64 is exact. The large operand (a weight) is converted once, not
-    once per limb: that conversion, not the products, is what a limb costs."""
+    below 2^53, where float64 is exact. The limbs are stacked along the cut operand's free dim,
+    so one product reads the large operand (a weight) once, as float64 (`af`, `bf`: the
+    operands as float64 where known): reading it, not the products, is what a limb costs."""
     k = a.shape[-1]
     if k > 1 << 16:  # keep the limbs wide: contract the halves apart
-        h = k // 2
-        return (_matmul_mod(a[..., :h], b[..., :h, :], m) + _matmul_mod(a[..., h:], b[..., h:, :], m)) % m
+        halves = (slice(None, k // 2), slice(k // 2, None))
+        return sum(_matmul_mod(a[..., h], b[..., h, :], m, _part(af, (h,)), _part(bf, (h, slice(None))))
+                   for h in halves) % m
     width = EXACT_BITS - RESIDUE_BITS - max(k - 1, 1).bit_length()  # K 2^width 2^32 <= 2^53
     cut_a = a.size <= b.size
-    small, whole = (a, b.astype(np.float64)) if cut_a else (b, a.astype(np.float64))
+    small, whole, free = (a, _floats(b, bf), -2) if cut_a else (b, _floats(a, af), -1)
+    shifts = range(0, RESIDUE_BITS, width)
+    limbs = np.concatenate([(small >> s) & ((1 << width) - 1) for s in shifts], axis=free).astype(np.float64)
+    product = (np.matmul(limbs, whole) if cut_a else np.matmul(whole, limbs)).astype(np.int64) % m
     out = np.zeros((), dtype=np.int64)
-    for shift in range(0, RESIDUE_BITS, width):
-        limb = ((small >> shift) & ((1 << width) - 1)).astype(np.float64)
-        part = (np.matmul(limb, whole) if cut_a else np.matmul(whole, limb)).astype(np.int64) % m
-        out = (out + part * pow(2, shift, m)) % m
+    for s, part in zip(shifts, np.split(product, len(shifts), axis=free), strict=True):
+        out = (out + part * pow(2, s, m)) % m
     return out
+
+
+def _part(x: np.ndarray | None, index: tuple[slice, ...]) -> np.ndarray | None:
+    return None if x is None else x[(..., *index)]
+
+
+def _floats(x: np.ndarray, known: np.ndarray | None) -> np.ndarray:
+    return x.astype(np.float64) if known is None else known
 
 
 def _const_mod(value: float, m: int) -> int:
@@ -118,6 +136,12 @@ class FieldAlgebra(ArrayAlgebra[FF]):
         p = fn(*(x.p for x in xs), P)
         q = None if any(x.q is None for x in xs) else fn(*(x.q for x in xs), Q)
         return FF(p, q)
+
+    @staticmethod
+    def _view(fn: Callable[[np.ndarray], np.ndarray], a: FF) -> FF:
+        """The same layout change of the residues, the shadow and their float64 copies."""
+        each = [None if x is None else fn(x) for x in (a.q, a.pf, a.qf)]
+        return FF(fn(a.p), *each)
 
     def const(self, value: float) -> FF:
         return FF(np.array(_const_mod(value, P), dtype=np.int64), np.array(_const_mod(value, Q), dtype=np.int64))
@@ -159,16 +183,17 @@ class FieldAlgebra(ArrayAlgebra[FF]):
         return self.div(self.sum(a, dim, keepdim), self.const(float(n)))
 
     def matmul(self, a: FF, b: FF) -> FF:
-        return self._lift(_matmul_mod, a, b)
+        q = None if a.q is None or b.q is None else _matmul_mod(a.q, b.q, Q, a.qf, b.qf)
+        return FF(_matmul_mod(a.p, b.p, P, a.pf, b.pf), q)
 
     def transpose(self, a: FF, perm: Sequence[int]) -> FF:
-        return self._lift(lambda x, m: np.transpose(x, perm), a)
+        return self._view(lambda x: np.transpose(x, perm), a)
 
     def reshape(self, a: FF, shape: Sequence[int]) -> FF:
-        return self._lift(lambda x, m: np.reshape(x, tuple(shape)), a)
+        return self._view(lambda x: np.reshape(x, tuple(shape)), a)
 
     def take(self, a: FF, index: tuple[slice, ...]) -> FF:
-        return FF(a.p[index], None if a.q is None else a.q[index])
+        return self._view(lambda x: x[index], a)
 
     def poison(self, shape: Sequence[int]) -> FF:
         return FF(np.full(tuple(shape), POISON, dtype=np.int64), np.full(tuple(shape), POISON, dtype=np.int64))
@@ -187,7 +212,7 @@ class FieldAlgebra(ArrayAlgebra[FF]):
         return FF(p, None if any(q is None for q in qs) else np.concatenate(qs, axis=dim))  # type: ignore[arg-type]
 
     def broadcast_to(self, a: FF, shape: Sequence[int]) -> FF:
-        return self._lift(lambda x, m: np.broadcast_to(x, tuple(shape)), a)
+        return self._view(lambda x: np.broadcast_to(x, tuple(shape)), a)
 
     def round(self, a: FF, storage: Any) -> FF:
         return a
@@ -200,19 +225,30 @@ def _poly(coeffs: list[int], x: np.ndarray, m: int) -> np.ndarray:
     return out
 
 
-def random_field_inputs(program: Program, rng: np.random.Generator, shadow: bool = True) -> dict[str, FF]:
-    """Random residues; the exponent shadow only when `shadow` (a program without exp never
-    reads it, and at real shapes it doubles the work)."""
-    return {n.id: FF(_residues(rng, P, n.shape), _residues(rng, Q, n.shape) if shadow else None)
-            for n in program.inputs}
+def random_field_inputs(
+    program: Program, rng: np.random.Generator, shadow: Collection[str] | None = None,
+) -> dict[str, FF]:
+    """Random residues, with float64 copies for matmuls (`FF.pf`); the exponent shadow of the
+    inputs in `shadow` (default: all), the others' never being read (`exponent_inputs`: at real
+    shapes a shadow doubles an input's work)."""
+    inputs = {}
+    for n in program.inputs:
+        p = _residues(rng, P, n.shape)
+        q = _residues(rng, Q, n.shape) if shadow is None or n.id in shadow else None
+        inputs[n.id] = FF(p, q, p.astype(np.float64), None if q is None else q.astype(np.float64))
+    return inputs
 
 
 def _residues(rng: np.random.Generator, m: int, shape: tuple[int, ...]) -> np.ndarray:
     """Residues mod m (< 2^32), each from 31 random bits scaled to [0, m): none has more than
     ceil(2^31 / m) of the 2^31 draws (`_most_likely`), the figure Schwartz-Zippel's bound takes;
     a third of `rng.integers`' time, which is most of a check's at real shapes."""
-    bits = rng.bit_generator.random_raw(shape) >> np.uint64(64 - DRAW_BITS)
-    return (bits.astype(np.int64) * m) >> DRAW_BITS
+    bits = rng.bit_generator.random_raw(shape)
+    bits >>= np.uint64(64 - DRAW_BITS)
+    drawn = bits.view(np.int64)  # below 2^31: the same values; in place, as allocations are most of the time
+    drawn *= m
+    drawn >>= DRAW_BITS
+    return drawn
 
 
 def _most_likely(m: int) -> float:
@@ -220,8 +256,8 @@ def _most_likely(m: int) -> float:
     return -(-(1 << DRAW_BITS) // m) / (1 << DRAW_BITS)
 
 
-def evaluate_program(program: Program, inputs: Mapping[str, FF], alg: FieldAlgebra) -> list[FF]:
-    values: dict[str, FF] = dict(inputs)
+def evaluate_program(program: Program, inputs: Mapping[str, V], alg: Algebra[V]) -> list[V]:
+    values: dict[str, V] = dict(inputs)
     for n in program.topological():
         if n.op != "input":
             args = [values[i] for i in n.inputs]
@@ -241,18 +277,27 @@ def check(program: Program, inst: Instance, trials: int = 2, seed: int = 0) -> F
     """Compare fingerprints of `program` and the instantiated sGraph over `trials` random points."""
     deg, deg_exp = degree_bounds(program)
     per_trial = min(1.0, deg * _most_likely(P) + deg_exp * _most_likely(Q))
+    shadowed = exponent_inputs(program)
     for trial in range(trials):
-        rng = np.random.default_rng([seed, trial])
-        alg = FieldAlgebra(rng)
-        inputs = random_field_inputs(program, rng, shadow=deg_exp > 0)
-        want = evaluate_program(program, inputs, alg)
-        got = run_sgraph(inst, inputs, alg)
-        for i, (w, g) in enumerate(zip(want, got, strict=True)):
-            if w.p.shape != g.p.shape or not np.array_equal(w.p, g.p):
-                bad = int(np.sum(w.p != g.p)) if w.p.shape == g.p.shape else -1
-                what = f"output {i}: {bad} of {w.p.size} elements differ" if bad >= 0 else f"output {i}: shape differs"
-                return FieldCheck(False, trial + 1, per_trial ** (trial + 1), f"trial {trial}: {what}")
+        if mismatch := _trial(program, inst, np.random.default_rng([seed, trial]), shadowed):
+            return FieldCheck(False, trial + 1, per_trial ** (trial + 1), f"trial {trial}: {mismatch}")
     return FieldCheck(True, trials, per_trial**trials)
+
+
+def _trial(program: Program, inst: Instance, rng: np.random.Generator, shadowed: frozenset[str]) -> str:
+    """One random point: which output differs, or "". Its own frame, so that a trial's arrays
+    are freed before the next one draws (at real shapes, held across the draws they tripled
+    the next trial's time)."""
+    alg = FieldAlgebra(rng)
+    inputs = random_field_inputs(program, rng, shadow=shadowed)
+    want = evaluate_program(program, inputs, alg)
+    got = run_sgraph(inst, inputs, alg)
+    for i, (w, g) in enumerate(zip(want, got, strict=True)):
+        if w.p.shape != g.p.shape:
+            return f"output {i}: shape differs"
+        if not np.array_equal(w.p, g.p):
+            return f"output {i}: {int(np.sum(w.p != g.p))} of {w.p.size} elements differ"
+    return ""
 
 
 class _Degree(Algebra[tuple[int, int]]):
@@ -300,13 +345,50 @@ class _Degree(Algebra[tuple[int, int]]):
 
 
 def degree_bounds(program: Program) -> tuple[int, int]:
-    alg = _Degree()
-    values: dict[str, tuple[int, int]] = {}
-    for n in program.topological():
-        if n.op == "input":
-            values[n.id] = (1, 0)
-        else:
-            args = [values[i] for i in n.inputs]
-            values[n.id] = apply(alg, n.op, args, n.attrs, [program.nodes[i].shape for i in n.inputs])
+    outputs = evaluate_program(program, {n.id: (1, 0) for n in program.inputs}, _Degree())
     # The difference of two rational functions of degree D compares by cross-multiplication: 2D.
-    return max(2 * values[o][0] for o in program.outputs), max(2 * values[o][1] for o in program.outputs)
+    return max(2 * d for d, _ in outputs), max(2 * e for _, e in outputs)
+
+
+class _Inputs(Algebra[frozenset[str]]):
+    """The program inputs each value depends on; `under_exp` gathers those of exp's arguments."""
+
+    def __init__(self) -> None:
+        self.under_exp: set[str] = set()
+
+    def const(self, value: float) -> frozenset[str]:
+        return frozenset()
+
+    def add(self, a: frozenset[str], b: frozenset[str]) -> frozenset[str]:
+        return a | b
+
+    sub = mul = div = matmul = add
+
+    def neg(self, a: frozenset[str]) -> frozenset[str]:
+        return a
+
+    sqrt = relu = neg
+
+    def exp(self, a: frozenset[str]) -> frozenset[str]:
+        self.under_exp |= a
+        return a
+
+    def sum(self, a: frozenset[str], dim: int, keepdim: bool) -> frozenset[str]:
+        return a
+
+    max = sum
+
+    def transpose(self, a: frozenset[str], perm: Sequence[int]) -> frozenset[str]:
+        return a
+
+    def reshape(self, a: frozenset[str], shape: Sequence[int]) -> frozenset[str]:
+        return a
+
+
+def exponent_inputs(program: Program) -> frozenset[str]:
+    """The program inputs an exp's argument depends on: only theirs need the exponent shadow (a
+    value's shadow is read by exp alone; an equivalent sGraph's exps take what the program's do).
+    gated_mlp: X and the gate's weight, not the up projection's."""
+    alg = _Inputs()
+    evaluate_program(program, {n.id: frozenset({n.id}) for n in program.inputs}, alg)
+    return frozenset(alg.under_exp)
