@@ -208,12 +208,22 @@ class Floors:
         texts take a kilobyte or more each."""
         return self._digests.get(k, None, lambda: hashlib.blake2b(repr(k).encode(), digest_size=16).digest())
 
-    def _ranked_first(self, st: KState) -> FirstKernel:
-        """`st` with what ranks it among the first kernels computing the same values."""
+    def _ranked_first(self, st: KState) -> FirstKernel | None:
+        """`st` with what ranks it among the first kernels computing the same values; None when
+        no graph it starts can beat the bound (its least time, a launch after it and what the
+        later kernels must move: what `_at_depth` asks of it at any depth, the bound only
+        tightening), before its text is written: rmsnorm_mlp's first kernels over X, Wu and Wg
+        all are, by 0.2 us or more."""
         prefix = self._prefix(st) if self.target is not None else None
         if prefix is None:
             return FirstKernel(st, None, "")
-        return FirstKernel(st, self._floors(st, *prefix, st.kernels[0]), prefix[0].dumps())
+        floors = self._floors(st, *prefix, st.kernels[0])
+        after = self.space.launches(1) * self.launch_s + self._owed(st)(()) / self.bandwidth
+        if min(floors.values(), default=math.inf) + after > self.bound_s:
+            self.pruned += 1
+            self.bounded += 1
+            return None
+        return FirstKernel(st, floors, prefix[0].dumps())
 
     def undominated(self, firsts: list[FirstKernel]) -> list[FirstKernel]:
         """The first kernels that fewer than `keep` others beat (`_beats`) among those computing

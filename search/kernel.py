@@ -270,7 +270,8 @@ class KernelSearch(Floors):
             ranked = []
             for st in self._graph_moves(self.initial(), False, only=choice[1], part=part):
                 self._within_deadline()
-                ranked.append(self._ranked_first(st))
+                if (first := self._ranked_first(st)) is not None:
+                    ranked.append(first)
             self._first_kernels[key] = self.undominated(ranked)
         return self._first_kernels[key]
 
