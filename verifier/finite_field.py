@@ -93,9 +93,9 @@ def _matmul_mod(
     operands as float64 where known): reading it, not the products, is what a limb costs."""
     k = a.shape[-1]
     if k > 1 << 16:  # keep the limbs wide: contract the halves apart
-        halves = (slice(None, k // 2), slice(k // 2, None))
-        return sum(_matmul_mod(a[..., h], b[..., h, :], m, _part(af, (h,)), _part(bf, (h, slice(None))))
-                   for h in halves) % m
+        lo, hi = (_matmul_mod(a[..., h], b[..., h, :], m, _part(af, h, False), _part(bf, h, True))
+                  for h in (slice(None, k // 2), slice(k // 2, None)))
+        return (lo + hi) % m
     width = EXACT_BITS - RESIDUE_BITS - max(k - 1, 1).bit_length()  # K 2^width 2^32 <= 2^53
     cut_a = a.size <= b.size
     small, whole, free = (a, _floats(b, bf), -2) if cut_a else (b, _floats(a, af), -1)
@@ -108,8 +108,11 @@ def _matmul_mod(
     return out
 
 
-def _part(x: np.ndarray | None, index: tuple[slice, ...]) -> np.ndarray | None:
-    return None if x is None else x[(..., *index)]
+def _part(x: np.ndarray | None, half: slice, rows: bool) -> np.ndarray | None:
+    """A half of an operand's contraction dim (its rows for the right operand, else its columns)."""
+    if x is None:
+        return None
+    return x[..., half, :] if rows else x[..., half]
 
 
 def _floats(x: np.ndarray, known: np.ndarray | None) -> np.ndarray:
