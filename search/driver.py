@@ -65,6 +65,7 @@ CONTENDERS = 5  # best candidates a search proves when a GPU will re-time them (
 PROBE_BLOCK_OPS = 5  # the probe's block graphs (see run_search)
 PROBE_STATES = 40_000  # the probe's states at most
 PROBE_AFTER_STATES = 20_000  # a one-kernel search this large (its block space over every input) calls for a probe
+PROBE_ROOM = 2.0  # a best time this many times two kernels' least calls for a probe four times as early
 FULL_COLLECTION_AFTER = 100  # middle-generation collections before a full one, while searching (CPython: 10)
 
 
@@ -336,8 +337,9 @@ def run_search(
             })
 
     def tick(ks: KernelSearch) -> None:
-        if probing and ks is local.search and depth_now[0] == 1 \
-                and stats.states + ks.total_states - base_states[0] >= PROBE_AFTER_STATES:
+        searched = stats.states + ks.total_states - base_states[0]
+        if probing and ks is local.search and depth_now[0] == 1 and searched >= PROBE_AFTER_STATES // 4 \
+                and searched >= probe_after(ks):
             run_probe = probing.pop()  # decided once: the best only gets faster, deeper graphs no likelier
             if deeper_may_win(2, ks):
                 run_probe(1, *live(ks))
@@ -438,14 +440,14 @@ def run_search(
     merge(local.consider_best([local.views.unfold(sg) for sg in local.search.program_split()], contenders))
 
     def probe(first_depth: int, live_states: int = 0, live_pruned: int = 0) -> None:
-        """Anytime, for large searches: once the one-kernel search has reached `PROBE_AFTER_STATES`
+        """Anytime, for large searches: once the one-kernel search has reached `probe_after`
         states (from the progress callback, in this process; between depths when workers run it),
         the same search with block graphs of at most `PROBE_BLOCK_OPS` ops, library ops only
         between the first kernel and the last, for at most `PROBE_STATES` states, from
         `first_depth` kernels on. Its block spaces are small, and winners are often among its
         graphs: the whole one-kernel search walks the post-loop graphs of every small loop body
         (up to 10 ops after a 1-op body) before any larger body, and deeper graphs wait for it.
-        qknorm_gqa's winner is held after 4 s, 21 s otherwise; random programs whose one-kernel
+        qknorm_gqa's winner is held after 6 s (`probe_after`); random programs whose one-kernel
         search outlasts a 15 s budget get a fused kernel (a 5-op chain) or two (a 9-op chain)
         instead of the unfused baseline. What it proves bounds the later shards. A searcher of
         its own: the interrupted one resumes as it was. Its candidates belong to the whole
@@ -482,12 +484,25 @@ def run_search(
         probing.append(probe)
     floor_s = costmodel.floor(program, target).time_s
 
+    def best_s() -> float:
+        """The best verified time: merged, or proved by the shard running here."""
+        return min([v.best.estimate.time_s for v in outcome.verified] + [live_best[0] * 1e-6])
+
+    def least_s(depth: int, ks: KernelSearch) -> float:
+        """Any schedule of `depth` kernels pays that many launches over the program's physical floor."""
+        return floor_s + ks.space.launches(depth) * target.launch_overhead_s
+
     def deeper_may_win(depth: int, ks: KernelSearch) -> bool:
-        """Any schedule of `depth` kernels pays that many launches over the program's physical
-        floor: once the best verified schedule (merged, or proved by the shard running here) is at
-        least that fast, deeper kernel graphs cannot win."""
-        best = min([v.best.estimate.time_s for v in outcome.verified] + [live_best[0] * 1e-6])
-        return best > floor_s + ks.space.launches(depth) * target.launch_overhead_s
+        """Once the best verified schedule is as fast as `least_s`, deeper kernel graphs cannot win."""
+        return best_s() > least_s(depth, ks)
+
+    def probe_after(ks: KernelSearch) -> int:
+        """One-kernel states before the probe: `PROBE_AFTER_STATES`, or a quarter of that when two
+        kernels have much room to win (the best so far takes over `PROBE_ROOM` times their least):
+        qknorm_gqa (27.9 us against 4.7) holds its 3-kernel winner after 6 s instead of 11 s;
+        rmsnorm_mlp (24.6 against 24.1), whose 17,000-state one-kernel search finds its winner,
+        runs no probe."""
+        return PROBE_AFTER_STATES // 4 if best_s() > PROBE_ROOM * least_s(2, ks) else PROBE_AFTER_STATES
 
     def in_process(shards: Iterator[Shard], deadline: float, states_left: int | None) -> Iterator[ShardResult]:
         for shard in shards:

@@ -823,6 +823,32 @@ def test_a_probe_after_a_one_kernel_search_run_elsewhere_starts_at_two_kernels(h
     assert outcome.best.sgraph.dumps() == run_search(program, h100, SearchConfig()).best.sgraph.dumps()
 
 
+def test_the_probe_comes_early_when_two_kernels_have_much_room(h100, monkeypatch):
+    """`probe_after`: qknorm_gqa's best so far (the unfused baseline, 27.9 us) takes over
+    `PROBE_ROOM` times what two kernels can (4.7 us): its probe starts after a quarter of
+    `PROBE_AFTER_STATES` one-kernel states. rmsnorm_mlp's (at most 31.8 us against 24.1) starts
+    after all of them, and with no more room than that, qknorm_gqa's too."""
+    from superopt.search import driver
+
+    probed: list[str] = []
+    run = Searcher.run
+
+    def recording(self, shard, deadline, max_states):
+        if self.config.max_block_ops == driver.PROBE_BLOCK_OPS:
+            probed.append(self.program.name)
+        return run(self, shard, deadline, max_states)
+
+    monkeypatch.setattr(Searcher, "run", recording)
+    monkeypatch.setattr(driver, "PROBE_AFTER_STATES", 4_000)
+    for name in ("qknorm_gqa", "rmsnorm_mlp"):
+        run_search(workloads.resolve(name), h100, SearchConfig(), max_states=2_500)
+    assert set(probed) == {"qknorm_gqa"}
+    probed.clear()
+    monkeypatch.setattr(driver, "PROBE_ROOM", 7.0)
+    run_search(workloads.resolve("qknorm_gqa"), h100, SearchConfig(), max_states=2_500)
+    assert probed == []
+
+
 def test_a_probe_changes_no_complete_search(h100, monkeypatch):
     """The probe only finds schedules early: a search that runs to its end returns the same
     winner and the same searched depths with it (cut short by its own state cap, too), and the
