@@ -439,6 +439,26 @@ def _swapped_difference_sgraph(p: Program) -> SGraph:
     return b.build(["O"])
 
 
+def _regrouped_sums_program() -> Program:
+    p = Program("regrouped_sums")
+    x, r, y = p.input("X", (4, 16), "f32"), p.input("R", (4, 1), "f32"), p.input("Y", (4, 16), "f32")
+    p.output(p.op("matmul", ((x - r) + 2.0) + y, p.input("W", (16, 12), "f32"), name="O"),
+             p.op("add", x - r, y, name="Q"))
+    return p
+
+
+def _regrouped_sums_sgraph(p: Program) -> SGraph:
+    """((X - R) + 2) + Y grouped as (X - R) + (2 + Y), and (X - R) + Y as (X + Y) - R (found by
+    fuzz_optimize: (X + 2) - X for (X - X) + 2, admitted by the oracle, was never proved)."""
+    b = SGraphBuilder.for_program(p)
+    k = b.graph(grid=[("x", "gx")])
+    x, r, y = (k.input(name, [0], None) for name in ("X", "R", "Y"))
+    summed = k.op("add", k.op("sub", x, r), k.op("add", k.op("const", value=2.0), y))
+    k.output(k.acc(k.op("matmul", summed, k.input("W", [None], None))), "O", [0])
+    k.output(k.acc(k.op("sub", k.op("add", x, y), r)), "Q", [0])
+    return b.build(["O", "Q"])
+
+
 def _negated_rows_program(kind: str) -> Program:
     p = Program(f"negated_{kind}")
     x, y = p.input("X", (6, 16), "f32"), p.input("Y", (6, 16), "f32")
@@ -544,6 +564,7 @@ TARGETED = {
                                                                _swapped_difference_sgraph),
     "elementwise ops of transposed operands, the kernel's output transposed": (_transposed_program,
                                                                               _transposed_sgraph),
+    "sums and differences regrouped": (_regrouped_sums_program, _regrouped_sums_sgraph),
     "row sums of negated values, negated after or before the loop": (
         lambda: _negated_rows_program("sum"), lambda p: _negated_rows_sgraph(p, "sum")),
     "row means of negated values, negated after or before the loop": (

@@ -375,6 +375,11 @@ RULES: list[Rule] = [
     Rule("mul-comm", t.binary("mul", A, B), t.binary("mul", B, A), (), _ex_comm),
     Rule("mul-assoc", t.binary("mul", t.binary("mul", A, B), S), t.binary("mul", A, t.binary("mul", B, S)), (),
          _ex_field),
+    # sums regroup too: (X + 2) - X is (X - X) + 2 (the oracle admits every grouping)
+    Rule("add-assoc", t.binary("add", t.binary("add", A, B), S), t.binary("add", A, t.binary("add", B, S)), (),
+         _ex_field),
+    Rule("sub-of-add", t.binary("sub", t.binary("add", A, B), S), t.binary("add", t.binary("sub", A, S), B), (),
+         _ex_field),
     Rule("div-times", t.binary("mul", t.binary("div", A, B), S), t.binary("div", t.binary("mul", A, S), B), (),
          _ex_field),
     Rule("div-div", t.binary("div", t.binary("div", A, B), S), t.binary("div", A, t.binary("mul", B, S)), (),
