@@ -285,9 +285,9 @@ class Generator:
         """The complete block graphs whose loop body is the program itself (`tiles`: the start
         tile of each program input), its ops added in canonical order (always the least key among
         the ops whose operands exist: keys then increase, as `_try` requires): the one-kernel
-        fusion of the whole program, tiled later like any block graph. Nothing when an op cannot
-        be a block op here (not in the space, or refused by `_try`: the op bound, a value the
-        program computes twice)."""
+        fusion of the whole program, tiled later like any block graph, its accumulators written as
+        they are. Nothing when an op cannot be a block op here (not in the space, or refused by
+        `_try`: the op bound, a value the program computes twice)."""
         placed = dict(tiles)
         pending = [n for n in program.topological() if n.op not in ("input", "const")]
         state: BlockState | None = start
@@ -304,8 +304,10 @@ class Generator:
                 placed[node.id] = len(state.tiles) - 1
                 pending.remove(node)
         if state is not None:
-            for accs in self._with_accumulators(state):
-                yield from self._posts(accs)
+            # The body computes the program: an op after the loop would compute something else,
+            # so the accumulators are written as they are (walking post-loop graphs over them
+            # took 10 s for a 5-op part of a program too large for one kernel).
+            yield from (accs for accs in self._with_accumulators(state) if self.complete(accs))
 
     def _program_step(self, n: Node, program: Program, placed: Mapping[str, int], s: BlockState) -> Step | None:
         """Program node `n` as a generator step on the tiles of `placed` (None while an operand is

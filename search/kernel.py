@@ -278,10 +278,12 @@ class KernelSearch(Floors):
     def program_split(self) -> list[SGraph]:
         """Schedules of a program too large for one kernel, cut into consecutive parts (canonical
         order) that each fit one: every part one graph kernel computing it as `Generator.program_graphs`
-        does the whole program, grown part by part from the `SPLIT_KEEP` cheapest (`_spent`). A
-        fused schedule at once, and a bound, where the one-kernel search may outlast any budget (a
-        12-op chain over two inputs). Empty when the program fits one kernel, or an op is not a
-        block op, or some part cannot be cut."""
+        does the whole program, or one library kernel for an op no block graph has (a reshape, a
+        transpose), grown part by part from the `SPLIT_KEEP` cheapest (`_spent`). A fused schedule
+        at once, and a bound, where the one-kernel search may outlast any budget (a 12-op chain
+        over two inputs) or cannot hold the program (heads split by a reshape in the middle: the
+        search reaches 3 kernels late). Empty when the program fits one kernel, or some part
+        cannot be cut."""
         parts = self._program_parts()
         if len(parts) < 2:
             return []
@@ -292,17 +294,21 @@ class KernelSearch(Floors):
         return [sg for st in states if (sg := self._candidate(st)) is not None]
 
     def _program_parts(self) -> list[list[Node]]:
-        """The program's ops cut greedily into consecutive runs of at most `max_block_ops` ops, at
-        most `max_block_inputs` tensors read from outside and at most `Generator.max_outputs` values read
-        after them (or returned), each of which nothing in its own run reads (a block graph writes
-        its sinks); one run when the program fits one kernel, none when it cannot be cut."""
+        """The program's ops cut greedily into consecutive runs of at most `max_block_ops` block
+        ops, at most `max_block_inputs` tensors read from outside and at most `Generator.max_outputs`
+        values read after them (or returned), each of which nothing in its own run reads (a block
+        graph writes its sinks), and an op no block graph has alone; one run when the program fits
+        one kernel, none when it cannot be cut."""
         ops_ = [n for n in self.program.topological() if n.op not in ("input", "const")]
-        if any(n.op not in self.space.block_ops for n in ops_):
-            return []
         parts: list[list[Node]] = []
         start = 0
         while start < len(ops_):
-            ends = range(min(len(ops_), start + self.config.max_block_ops), start, -1)
+            if ops_[start].op not in self.space.block_ops:
+                parts.append([ops_[start]])
+                start += 1
+                continue
+            stop = next((k for k in range(start, len(ops_)) if ops_[k].op not in self.space.block_ops), len(ops_))
+            ends = range(min(stop, start + self.config.max_block_ops), start, -1)
             end = next((e for e in ends if self._one_part(ops_[start:e], ops_[e:])), None)
             if end is None:
                 return []
@@ -321,8 +327,9 @@ class KernelSearch(Floors):
                 and not any(n.id in read_here and n.id not in self.program.outputs for n in outputs))
 
     def _part_moves(self, s: KState, nodes: list[Node]) -> Iterator[KState]:
-        """`s` and one graph kernel computing these program nodes from the tensors of `s` that
-        hold their operands (as `_program_parts` cut them)."""
+        """`s` and one kernel computing these program nodes from the tensors of `s` that hold
+        their operands (as `_program_parts` cut them): a graph kernel, or the library kernel of
+        an op no block graph has."""
         ids = {n.id for n in nodes}
         held: dict[str, int] = {}
         for i in (i for n in nodes for i in n.inputs if i not in ids and self.program.nodes[i].op != "const"):
@@ -332,6 +339,14 @@ class KernelSearch(Floors):
             if match is None:
                 return
             held[i] = match
+        # No canonical order between parts: this kernel may read older tensors than the last one.
+        unordered = KState(s.tensors, s.kernels, (), s.graph_kernels)
+        if nodes[0].op not in self.space.block_ops:
+            n = nodes[0]
+            args = tuple(s.tensors[held[i]].id for i in n.inputs)
+            yield from (nxt for nxt in self._library_moves(unordered, False) if isinstance(k := nxt.kernels[-1],
+                        LibraryKernel) and (k.op, k.inputs, k.attrs) == (n.op, args, dict(n.attrs)))
+            return
         part = Program(f"{self.program.name}.part")
         name = {i: s.tensors[k].id for i, k in held.items()}  # inputs: the tensors' ids; ops: the builder's
         for i in sorted(held, key=held.__getitem__):
@@ -344,9 +359,7 @@ class KernelSearch(Floors):
         read_later = {i for m in self.program.topological() if m.id not in ids for i in m.inputs}
         part.outputs = [name[n.id] for n in nodes if n.id in read_later or n.id in self.program.outputs]
         subset = tuple(sorted(held.values()))
-        # No canonical order between parts: this kernel may read older tensors than the last one.
-        for nxt in self._graph_moves(KState(s.tensors, s.kernels, (), s.graph_kernels), False, only=subset,
-                                     program=part):
+        for nxt in self._graph_moves(unordered, False, only=subset, program=part):
             if all(t.chunk is None for t in nxt.tensors[len(s.tensors):]):
                 yield nxt
 
