@@ -689,29 +689,38 @@ LOOP_RANGES = (1, 4, 16, 64)  # Mirage's loop ranges, plus no loop
 
 def concrete_tilings(specs: Sequence[InputSpec]) -> Iterator[tuple[list[tuple[int, int]], tuple[frozenset[int], int]]]:
     """Every concrete choice of grid axes (program dim class, size) and loop (classes, range) for
-    these inputs, in a fixed order: 1 to 3 axes on distinct classes (in class order: permuted
-    grids are the same schedule), each of a size n / tile for Mirage's tiles, and a loop over one
-    or two classes (or none) whose range divides what it walks."""
+    these inputs, in a fixed order (`_concrete_grids`), each with a loop over one or two classes
+    (or none) whose range divides what it walks."""
     extent: dict[int, int] = {}
     for sp in specs:
         for size, c in zip(sp.shape, sp.classes, strict=True):
             if c != -1 and size > 1:
                 extent[c] = size
     classes = sorted(extent)
+    for axes in _concrete_grids(classes, extent):
+        for n_loop in (0, 1, 2):
+            for walked in combinations(classes, n_loop):
+                for rng in LOOP_RANGES if walked else (1,):
+                    if walked and rng == 1:
+                        continue
+                    left = {c: extent[c] // dict(axes).get(c, 1) for c in walked}
+                    if all(left[c] % rng == 0 and left[c] > rng for c in walked):
+                        yield axes, (frozenset(walked), rng)
+
+
+def _concrete_grids(classes: list[int], extent: dict[int, int]) -> Iterator[list[tuple[int, int]]]:
+    """One block (an axis of size 1, as the symbolic search instantiates one), then 1 to 3 axes
+    on distinct classes (in class order: permuted grids are the same schedule), each of a size
+    n / tile for Mirage's tiles."""
+    if classes:
+        yield [(classes[0], 1)]
     for n_axes in (1, 2, 3):
         for chosen in combinations(classes, n_axes):
             size_options = [[extent[c] // t for t in GRID_TILES if extent[c] % t == 0 and extent[c] > t] or [1]
                             for c in chosen]
             for sizes in _grid_product(size_options):
-                axes = list(zip(chosen, sizes, strict=True))
-                for n_loop in (0, 1, 2):
-                    for walked in combinations(classes, n_loop):
-                        for rng in LOOP_RANGES if walked else (1,):
-                            if walked and rng == 1:
-                                continue
-                            left = {c: extent[c] // dict(axes).get(c, 1) for c in walked}
-                            if all(left[c] % rng == 0 and left[c] > rng for c in walked):
-                                yield axes, (frozenset(walked), rng)
+                if n_axes > 1 or sizes != (1,) or chosen[0] != classes[0]:  # not the one block again
+                    yield list(zip(chosen, sizes, strict=True))
 
 
 def _grid_product(options: list[list[int]]) -> Iterator[tuple[int, ...]]:

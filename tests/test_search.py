@@ -1748,6 +1748,21 @@ def test_fingerprints_tell_apart_values_with_equal_abstract_expressions():
     assert alg.mul(x, alg.const(0.5)) == alg.div(x, alg.const(0.5))
 
 
+def test_concrete_grids_include_one_block_as_the_symbolic_search_does():
+    """`--concrete` enumerates Mirage's grid sizes (n / tile); a one-block kernel (a symbolic
+    grid instantiated at 1, which attention's merge kernels and whole-reduction kernels use)
+    was missing. It comes first, once, with every loop."""
+    from superopt.search.kernel import concrete_tilings
+
+    specs = [InputSpec(0, (16, 4096), ("inp", "X"), (0, 1)), InputSpec(1, (4096, 6144), ("inp", "W"), (1, 2))]
+    tilings = list(concrete_tilings(specs))
+    grids = [axes for axes, loop in tilings if loop == (frozenset(), 1)]
+    assert grids[0] == [(0, 1)] and grids.count([(0, 1)]) == 1
+    assert [loop for axes, loop in tilings if axes == [(0, 1)]][:3] == [
+        (frozenset(), 1), (frozenset({0}), 4), (frozenset({1}), 4)]
+    assert [(2, 6144 // 8)] in grids and all(1 <= len(g) <= 3 for g in grids)
+
+
 def test_concrete_first_kernels_are_compared_at_their_fixed_chunk_counts(h100):
     """In concrete search a kernel's chunk count is a number, not a symbol: kernels writing
     partial results are compared as they are, and only beaten ones are cut."""
