@@ -79,8 +79,9 @@ def run_distributed(
             try:
                 result = ray.get(done[0])
             except ray.exceptions.RayTaskError as e:
-                for ref in pending:
-                    ray.cancel(ref)
+                # The shards still in flight are left to finish (within the deadline), their results
+                # dropped: cancelling them raced with their completion inside Ray and aborted this
+                # process (Ray 2.60, task_manager.cc: "Tried to complete task that was not pending").
                 raise ShardFailed(f"shard {_describe(shard)} failed: {e.cause!r}") from None
             yield result  # merged by the driver before the next shard is taken
             submit()
