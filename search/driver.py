@@ -441,7 +441,8 @@ def run_search(
 
     def probe(first_depth: int, live_states: int = 0, live_pruned: int = 0) -> None:
         """Anytime, for large searches: once the one-kernel search has reached `probe_after`
-        states (from the progress callback, in this process; between depths when workers run it),
+        states (from the progress callback, in this process), or `PROBE_AFTER_STATES` (between
+        depths, when workers ran it),
         the same search with block graphs of at most `PROBE_BLOCK_OPS` ops, library ops only
         between the first kernel and the last, for at most `PROBE_STATES` states, from
         `first_depth` kernels on. Its block spaces are small, and winners are often among its
