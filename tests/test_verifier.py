@@ -972,6 +972,34 @@ def test_check_inputs_keep_attention_logits_inside_f16(kind):
     assert verify(p, unfused_baseline(p)).proved
 
 
+def test_the_kept_e_graph_is_made_anew_after_so_many_proofs(monkeypatch):
+    """Proofs run on a kept e-graph, between a push and a pop; egglog leaves something behind at
+    each (150 proofs grew a process by 15 MiB and every proof slower), so after `KEPT_PROOFS`
+    proofs it is replaced, and the one before is freed at once, on its own thread."""
+    import sys
+    import threading
+    import weakref
+
+    from superopt.verifier import egraph
+    from superopt.verifier.terms import inp
+
+    monkeypatch.setattr(egraph, "KEPT_PROOFS", 2)
+    raised: list[str] = []
+    monkeypatch.setattr(sys, "unraisablehook", lambda u: raised.append(repr(u.exc_value)))
+    kept: list[weakref.ref] = []
+
+    def prove_five() -> None:
+        for _ in range(5):
+            assert egraph.prove([(inp("X"), inp("X"))], []).proved
+            kept.append(weakref.ref(egraph._kept.prover))
+        assert [r() is None for r in kept] == [True, True, True, True, False]
+
+    worker = threading.Thread(target=prove_five)
+    worker.start()
+    worker.join()
+    assert len(kept) == 5 and kept[-1]() is None and raised == []
+
+
 def test_e_graphs_made_on_one_thread_are_not_left_for_another_to_drop(monkeypatch):
     """egglog's engine may only be dropped by the thread that made it, and its Python state sits in
     reference cycles; a proof or an oracle built on a worker thread and collected on another (a
