@@ -23,6 +23,10 @@ that meets a smaller one. The result keeps
 the best `contenders` proved ones: exactly those a search verifying everything would rank first (a
 candidate among them is never behind that many), whatever the shard cut and number of workers.
 The same bound, as a time, cuts kernel graphs that cannot be fast enough (`KernelSearch.bound_s`).
+Candidates found in a search's first `PROOF_DELAY_S` are held, ranked, and proved best first once
+that time has passed, or by the driver when their depth is done: a small search (rmsnorm_matmul,
+lora) meets a fused candidate and then a faster one within a fifth of a second, and proved only the
+faster instead of both.
 
 Anytime: when the time or state budget runs out, the search stops and returns what it has verified
 so far (the unfused baseline, verified first, is always among it). Results are deterministic for the
@@ -66,6 +70,7 @@ PROBE_BLOCK_OPS = 5  # the probe's block graphs (see run_search)
 PROBE_STATES = 40_000  # the probe's states at most
 PROBE_AFTER_STATES = 20_000  # a one-kernel search this large (its block space over every input) calls for a probe
 PROBE_ROOM = 2.0  # a best time this many times two kernels' least calls for a probe four times as early
+PROOF_DELAY_S = 0.5  # candidates found this early in a search are held, then proved best first (see Shard.prove_from)
 FULL_COLLECTION_AFTER = 100  # middle-generation collections before a full one, while searching (CPython: 10)
 
 
@@ -112,6 +117,11 @@ class Shard:
     firsts: tuple[KState, ...] | None = None  # first kernels dealt out to this shard (instead of its part)
     middle: str | None = None  # from three kernels on: the kind of second kernel (`KernelSearch.candidates_in`)
     settle: tuple[tuple[Key, SGraph], ...] = ()  # tied candidates to prove instead, best first (see run_search)
+    # Wall-clock time.time() before which candidates are held, not proved: a small search meets a
+    # fused candidate, then a faster one, within a fraction of a second; proving both cost two
+    # proofs (a third of rmsnorm_matmul's search). Held ones are proved best first once this time
+    # has passed (at the next candidate, or the shard's end), else left to the driver (`deferred`).
+    prove_from: float = 0.0
 
 
 @dataclass
@@ -157,10 +167,10 @@ class Searcher:
 
     def consider(self, sg: SGraph, verified: list[Verified], rejected: list[tuple[str, str]],
                  dominated: list[SGraph] | None = None, bound: Key | None = None,
-                 deferred: list[tuple[Key, SGraph]] | None = None) -> None:
+                 deferred: list[tuple[Key, SGraph]] | None = None, hold: bool = False) -> None:
         """Rank a candidate's instantiations, then verify it unless it ranks behind `bound` (then it
-        goes to `dominated`) or ties it in time and kernel count, ahead only by its text (then it
-        goes to `deferred`, for the driver to settle); a dropped one is recorded with why.
+        goes to `dominated`) or ties it in time and kernel count, ahead only by its text, or `hold`
+        says to wait (then it goes to `deferred`); a dropped one is recorded with why.
         Decisions are remembered: a worker re-running a job's shard does not verify twice."""
         text = sg.dumps()
         decision = self.decided.get(text)
@@ -171,7 +181,7 @@ class Searcher:
             if bound is not None and dominated is not None and key > bound:
                 dominated.append(sg)
                 return
-            if bound is not None and deferred is not None and key[:2] == bound[:2]:
+            if deferred is not None and (hold or (bound is not None and key[:2] == bound[:2])):
                 deferred.append((key, sg))
                 return
             decision = self.decided[text] = self._verify(sg, decision)
@@ -231,6 +241,22 @@ class Searcher:
             ks.bound_s = found[0] if found else float("inf")
             return found
 
+        held: list[tuple[Key, SGraph]] = []  # found before `shard.prove_from`
+        limit: Key | None = None
+
+        def take(sg: SGraph, hold: bool = False) -> None:
+            nonlocal best, limit
+            n = len(verified)
+            self.consider(sg, verified, rejected, dominated, limit, held if hold else deferred, hold=hold)
+            if len(verified) > n:
+                best = sorted({*best, verified[-1].sort_key()})[:shard.keep]
+                limit = bound()
+
+        def prove_held() -> None:
+            for _, sg in sorted(held, key=lambda e: e[0]):
+                take(sg)
+            held.clear()
+
         exhausted = False
         try:
             if shard.walk:
@@ -241,11 +267,12 @@ class Searcher:
                 ks.adopt_bodies(shard.choice, shard.bodies, shard.part)
             limit = bound()
             for cand in ks.candidates_in(shard.depth, shard.choice, shard.part, shard.firsts, shard.middle):
-                n = len(verified)
-                self.consider(self.views.unfold(cand), verified, rejected, dominated, limit, deferred)
-                if len(verified) > n:
-                    best = sorted({*best, verified[-1].sort_key()})[:shard.keep]
-                    limit = bound()
+                waiting = time.time() < shard.prove_from
+                if held and not waiting:
+                    prove_held()
+                take(self.views.unfold(cand), hold=waiting)
+            if time.time() >= shard.prove_from:
+                prove_held()
             # Made here, where this part's block graphs were just generated: elsewhere they would
             # be generated again.
             firsts = ks.first_kernels(shard.choice, shard.part) if shard.deeper else []
@@ -253,6 +280,7 @@ class Searcher:
             exhausted, firsts = True, []
         finally:
             ks.bound_s = float("inf")
+        deferred += held
         shard = replace(shard, bodies=None, firsts=None)  # the driver has them: not sent back
         return ShardResult(shard, verified, rejected, ks.total_states - states0, ks.total_pruned - pruned0, exhausted,
                            dominated, deferred, ks.bounded - bounded0, firsts=firsts)
@@ -318,6 +346,7 @@ def run_search(
     t0 = time.monotonic()
     stats = stats or SearchStats(symbolic=not config.concrete)
     deadline = time.time() + budget_s if budget_s else float("inf")
+    prove_from = time.time() + PROOF_DELAY_S
     outcome = Outcome([], stats)
     seen: set[str] = set()
     unproved: dict[str, SGraph] = {}  # dominated candidates, in the order they were merged
@@ -399,24 +428,26 @@ def run_search(
     def best_keys() -> tuple[Key, ...]:
         return tuple(sorted(v.sort_key() for v in outcome.verified)[:contenders])
 
-    def waiting() -> list[tuple[Key, SGraph]]:
-        """Deferred candidates that rank ahead of the `contenders`-th best proved, best first."""
+    def waiting(faster: bool = False) -> list[tuple[Key, SGraph]]:
+        """Deferred candidates that rank ahead of the `contenders`-th best proved, best first;
+        `faster`: only those faster than it (not its ties)."""
         proved = sorted(v.sort_key() for v in outcome.verified)
         cut = proved[contenders - 1] if len(proved) >= contenders else None
-        return sorted((e for e in tied.values() if (cut is None or e[0] < cut) and e[0][2] not in seen),
-                      key=lambda e: e[0])
+        return sorted((e for e in tied.values() if e[0][2] not in seen and (
+            cut is None or (e[0][0] < cut[0] if faster else e[0] < cut))), key=lambda e: e[0])
 
-    def settle() -> None:
+    def settle(faster: bool = False) -> None:
         """Verify deferred candidates, best first, until the best `contenders` are all proved.
         Shards defer a candidate that ties the proved one it must beat in time and kernel count
         (it would win only by its text): shards find such ties in an order of their own, and
-        proving each tie as found would repeat proofs across shards; one proof here usually does."""
-        while shard := settle_shard(0):
+        proving each tie as found would repeat proofs across shards; one proof here usually does.
+        They also defer the candidates held early in a search (`Shard.prove_from`)."""
+        while shard := settle_shard(0, faster):
             merge(local.run(shard, deadline, None))
 
-    def settle_shard(depth: int) -> Shard | None:
+    def settle_shard(depth: int, faster: bool = False) -> Shard | None:
         """The waiting ties, taken out of `tied` (those not reached come back deferred)."""
-        entries = waiting()
+        entries = waiting(faster)
         if not entries:
             return None
         for key, _ in entries:
@@ -467,7 +498,8 @@ def run_search(
                 for choice in small.search.first_choices(depth):
                     base_states[0], base_pruned[0] = small.search.total_states, small.search.total_pruned
                     result = small.run(Shard(depth, choice, contenders=best_keys(), keep=contenders,
-                                             middle="library" if depth >= 3 else None), deadline, left)
+                                             middle="library" if depth >= 3 else None, prove_from=prove_from),
+                                       deadline, left)
                     merge(replace(result, exhausted=False))
                     left -= result.states
                     if result.exhausted:
@@ -524,15 +556,19 @@ def run_search(
         if choice in dealt:
             for i in range(parts):
                 if firsts := tuple(dealt[choice][i::parts]):
-                    yield Shard(depth, choice, (parts, i), best_keys(), contenders, firsts=firsts, middle=middle)
+                    yield Shard(depth, choice, (parts, i), best_keys(), contenders, firsts=firsts, middle=middle,
+                                prove_from=prove_from)
             return
         deeper = parts > 1 and depth < config.max_kernel_ops and choice[0] == "graph" and middle != "graph"
         for i in range(parts if choice[0] == "graph" or depth == 2 else 1):
             yield Shard(depth, choice, (parts, i), best_keys(), contenders, bodies=walked.get((choice, i)),
-                        deeper=deeper, middle=middle)
+                        deeper=deeper, middle=middle, prove_from=prove_from)
 
     for depth in range(1, config.max_kernel_ops + 1):
         depth_now[0] = depth
+        if unsettled[0] and any(key[0] <= least_s(depth, local.search) for key, _ in waiting()):
+            unsettled[0] = False
+            settle()  # a candidate held or tied may be fast enough to stop the deepening: proved first
         if not deeper_may_win(depth, local.search):
             break
         if depth == 2 and probing and stats.states >= PROBE_AFTER_STATES:
@@ -588,8 +624,9 @@ def run_search(
         if stats.generic_depth == stats.depth and not bounded:
             stats.generic_depth = depth  # every graph of this many kernels was generated: for any shape
         stats.depth = depth
-    if unsettled[0] or not stats.budget_exhausted:  # a depth the budget cut short leaves its ties unproved
-        settle()
+    # A depth the budget cut short leaves its ties unproved, not the held candidates faster than
+    # the best proved: found within the budget, they would have been proved then.
+    settle(faster=stats.budget_exhausted and not unsettled[0])
     unproved.update((text, sg) for text, (_, sg) in tied.items() if text not in unproved)
     _keep_contenders(outcome, unproved, contenders)
     local.forget()

@@ -604,9 +604,13 @@ def test_budget_returns_the_best_so_far(h100):
     assert outcome.best.sgraph.name.endswith(".unfused")  # the baseline is verified before searching
 
 
-def test_progress_reports_each_better_schedule_as_it_is_verified(h100):
+def test_progress_reports_each_better_schedule_as_it_is_verified(h100, monkeypatch):
     """The best so far is reported when a candidate is verified, not when its shard ends (a shard
-    can run for the whole budget); the report says when the winner was found (`best_found_s`)."""
+    can run for the whole budget); the report says when the winner was found (`best_found_s`).
+    Candidates are proved as they are found here: none is held (`PROOF_DELAY_S`)."""
+    from superopt.search import driver
+
+    monkeypatch.setattr(driver, "PROOF_DELAY_S", 0.0)
     events: list[dict] = []
     outcome = run_search(workloads.resolve("rmsnorm_matmul:ci"), h100, SearchConfig(), progress=events.append)
     found = [e["best_time_us"] for e in events if e["phase"] == "found"]
@@ -1571,6 +1575,48 @@ def test_a_settle_shard_proves_ties_best_first_until_enough_are_proved(h100):
     ahead = searcher.run(Shard(2, ("settle", None), contenders=((0.5, 1, "z"),), keep=1, settle=ties),
                          float("inf"), None)
     assert not ahead.verified and not ahead.rejected and len(ahead.deferred) == 3
+
+
+def _proofs_made(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The names of the sGraphs the search sends to `verify`, in order."""
+    from superopt.search import driver
+
+    names: list[str] = []
+    real = driver.verify
+
+    def counting(program, sg, **kwargs):
+        names.append(sg.name)
+        return real(program, sg, **kwargs)
+
+    monkeypatch.setattr(driver, "verify", counting)
+    return names
+
+
+@pytest.mark.parametrize("delay_s, fused_proofs", [(0.0, 2), (60.0, 1)])
+def test_candidates_found_early_are_held_and_the_best_proved(h100, monkeypatch, delay_s, fused_proofs):
+    """rmsnorm_matmul's one-kernel search meets a fused candidate (the program as one block graph)
+    before a faster one. Proved as found, both are proved; held for the search's first
+    `PROOF_DELAY_S`, only the faster is, when the depth is done. Same winner."""
+    from superopt.search import driver
+
+    monkeypatch.setattr(driver, "PROOF_DELAY_S", delay_s)
+    proofs = _proofs_made(monkeypatch)
+    outcome = run_search(workloads.resolve("rmsnorm_matmul:ci"), h100, SearchConfig())
+    assert proofs[0].endswith(".unfused") and len(proofs) == 1 + fused_proofs
+    assert outcome.best.verdict.proved and outcome.best.sgraph.name.endswith(".searched")
+    assert outcome.best.best.estimate.time_us == pytest.approx(2.7, abs=1e-3)
+
+
+def test_held_candidates_are_proved_when_the_budget_runs_out(h100, monkeypatch):
+    """A search that runs out of states while its candidates are held still proves the best of
+    them: it was found within the budget."""
+    from superopt.search import driver
+
+    monkeypatch.setattr(driver, "PROOF_DELAY_S", 60.0)
+    proofs = _proofs_made(monkeypatch)
+    outcome = run_search(workloads.resolve("rmsnorm_matmul:ci"), h100, SearchConfig(), max_states=40)
+    assert outcome.stats.budget_exhausted and outcome.stats.depth == 0
+    assert len(proofs) == 2 and outcome.best.sgraph.name.endswith(".searched") and outcome.best.verdict.proved
 
 
 def test_an_empty_loop_body_is_accumulated_only_over_tied_inputs():

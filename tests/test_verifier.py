@@ -981,16 +981,17 @@ def test_the_kept_e_graph_is_made_anew_after_so_many_proofs(monkeypatch):
     import weakref
 
     from superopt.verifier import egraph
-    from superopt.verifier.terms import inp
+    from superopt.verifier.terms import binary, inp
 
     monkeypatch.setattr(egraph, "KEPT_PROOFS", 2)
     raised: list[str] = []
     monkeypatch.setattr(sys, "unraisablehook", lambda u: raised.append(repr(u.exc_value)))
     kept: list[weakref.ref] = []
+    x_y, y_x = binary("add", inp("X"), inp("Y")), binary("add", inp("Y"), inp("X"))
 
     def prove_five() -> None:
         for _ in range(5):
-            assert egraph.prove([(inp("X"), inp("X"))], []).proved
+            assert egraph.prove([(x_y, y_x)], []).proved
             kept.append(weakref.ref(egraph._kept.prover))
         assert [r() is None for r in kept] == [True, True, True, True, False]
 
@@ -1026,3 +1027,28 @@ def test_e_graphs_made_on_one_thread_are_not_left_for_another_to_drop(monkeypatc
     finally:
         gc.enable()
     assert raised == []
+
+
+def test_identical_terms_are_proved_without_an_e_graph():
+    """The unfused baseline lowers to the program's own terms: proved at once, no e-graph made
+    (on a fresh thread, none is kept afterwards). Terms that differ still go to the e-graph."""
+    import threading
+
+    from superopt.verifier import egraph
+    from superopt.verifier.terms import binary, inp
+
+    program = workloads.resolve("rmsnorm_matmul:ci")
+    lhs, (rhs, axes) = lower_program(program), lower_sgraph(unfused_baseline(program))
+    seen: dict[str, object] = {}
+
+    def prove_on_a_fresh_thread() -> None:
+        seen["same"] = egraph.prove(list(zip(lhs, rhs, strict=True)), axes)
+        seen["kept"] = getattr(egraph._kept, "prover", None)
+        seen["swapped"] = egraph.prove([(binary("add", inp("X"), inp("Y")), binary("add", inp("Y"), inp("X")))], [])
+
+    worker = threading.Thread(target=prove_on_a_fresh_thread)
+    worker.start()
+    worker.join()
+    same, swapped = seen["same"], seen["swapped"]
+    assert same.proved and (same.iterations, same.enodes) == (0, 0) and seen["kept"] is None
+    assert swapped.proved and swapped.iterations >= 1 and swapped.enodes > 0

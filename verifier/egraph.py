@@ -272,7 +272,10 @@ KEPT_PROOFS = 100
 
 
 def prove(pairs: Sequence[tuple[Term, Term]], axes: Sequence[str], limits: Limits | None = None) -> ProofResult:
-    """Decide whether each (lhs, rhs) pair is equal under the rules (one proof for all pairs)."""
+    """Decide whether each (lhs, rhs) pair is equal under the rules (one proof for all pairs).
+    Pairs of identical terms (the unfused baseline lowers to the program's own) need no e-graph."""
+    if all(lhs == rhs for lhs, rhs in pairs):
+        return ProofResult(True, "proved", 0, 0, 0.0)
     if getattr(_kept, "prover", None) is None or _kept.prover.proofs >= KEPT_PROOFS:
         _kept.prover = _Kept()  # the one before goes here, on its own thread
     _kept.prover.proofs += 1
