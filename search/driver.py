@@ -23,10 +23,10 @@ that meets a smaller one. The result keeps
 the best `contenders` proved ones: exactly those a search verifying everything would rank first (a
 candidate among them is never behind that many), whatever the shard cut and number of workers.
 The same bound, as a time, cuts kernel graphs that cannot be fast enough (`KernelSearch.bound_s`).
-Candidates found in a search's first `PROOF_DELAY_S` are held, ranked, and proved best first once
-that time has passed, or by the driver when their depth is done: a small search (rmsnorm_matmul,
-lora) meets a fused candidate and then a faster one within a fifth of a second, and proved only the
-faster instead of both.
+Candidates found in a search's first `HOLD_STATES` states are held, ranked, and proved best first
+once that many are visited, or by the driver when their depth is done: a small search
+(rmsnorm_matmul, lora) meets a fused candidate and then a faster one within a hundred states, and
+proves only the faster instead of both.
 
 Anytime: when the time or state budget runs out, the search stops and returns what it has verified
 so far (the unfused baseline, verified first, is always among it). Results are deterministic for the
@@ -70,7 +70,7 @@ PROBE_BLOCK_OPS = 5  # the probe's block graphs (see run_search)
 PROBE_STATES = 40_000  # the probe's states at most
 PROBE_AFTER_STATES = 20_000  # a one-kernel search this large (its block space over every input) calls for a probe
 PROBE_ROOM = 2.0  # a best time this many times two kernels' least calls for a probe four times as early
-PROOF_DELAY_S = 0.5  # candidates found this early in a search are held, then proved best first (see Shard.prove_from)
+HOLD_STATES = 500  # candidates found in a search's first this many states are held, then proved best first
 FULL_COLLECTION_AFTER = 100  # middle-generation collections before a full one, while searching (CPython: 10)
 
 
@@ -117,11 +117,15 @@ class Shard:
     firsts: tuple[KState, ...] | None = None  # first kernels dealt out to this shard (instead of its part)
     middle: str | None = None  # from three kernels on: the kind of second kernel (`KernelSearch.candidates_in`)
     settle: tuple[tuple[Key, SGraph], ...] = ()  # tied candidates to prove instead, best first (see run_search)
-    # Wall-clock time.time() before which candidates are held, not proved: a small search meets a
-    # fused candidate, then a faster one, within a fraction of a second; proving both cost two
-    # proofs (a third of rmsnorm_matmul's search). Held ones are proved best first once this time
-    # has passed (at the next candidate, or the shard's end), else left to the driver (`deferred`).
-    prove_from: float = 0.0
+    # States of this shard during which candidates are held, not proved (what is left of the
+    # search's first `HOLD_STATES`): a small search meets a fused candidate, then a faster one,
+    # within a hundred states; proving both cost two proofs (a third of rmsnorm_matmul's search).
+    # Held ones, with those that earlier shards held (`held`), are proved best first once the
+    # shard has visited that many states (at the next candidate, or its end); else they go back
+    # to the driver, which hands them to the next shard. Counted in states, not time, so that a
+    # search visits the same states on any machine.
+    hold_states: int = 0
+    held: tuple[tuple[Key, SGraph], ...] = ()
 
 
 @dataclass
@@ -137,6 +141,7 @@ class ShardResult:
     bounded: int = 0  # kernel-graph states cut by the time bound
     bodies: list[Body] = field(default_factory=list)  # a walk shard's loop bodies
     firsts: list[FirstKernel] = field(default_factory=list)  # a `deeper` shard's first kernels
+    held: list[tuple[Key, SGraph]] = field(default_factory=list)  # held, not proved yet (`Shard.hold_states`)
 
 
 class Searcher:
@@ -170,7 +175,8 @@ class Searcher:
                  deferred: list[tuple[Key, SGraph]] | None = None, hold: bool = False) -> None:
         """Rank a candidate's instantiations, then verify it unless it ranks behind `bound` (then it
         goes to `dominated`) or ties it in time and kernel count, ahead only by its text, or `hold`
-        says to wait (then it goes to `deferred`); a dropped one is recorded with why.
+        says to wait (then it goes to `deferred`, the caller's list of either); a dropped one is
+        recorded with why.
         Decisions are remembered: a worker re-running a job's shard does not verify twice."""
         text = sg.dumps()
         decision = self.decided.get(text)
@@ -241,7 +247,7 @@ class Searcher:
             ks.bound_s = found[0] if found else float("inf")
             return found
 
-        held: list[tuple[Key, SGraph]] = []  # found before `shard.prove_from`
+        held = list(shard.held)  # with those found in the shard's first `shard.hold_states` states
         limit: Key | None = None
 
         def take(sg: SGraph, hold: bool = False) -> None:
@@ -267,11 +273,11 @@ class Searcher:
                 ks.adopt_bodies(shard.choice, shard.bodies, shard.part)
             limit = bound()
             for cand in ks.candidates_in(shard.depth, shard.choice, shard.part, shard.firsts, shard.middle):
-                waiting = time.time() < shard.prove_from
+                waiting = ks.total_states - states0 < shard.hold_states
                 if held and not waiting:
                     prove_held()
                 take(self.views.unfold(cand), hold=waiting)
-            if time.time() >= shard.prove_from:
+            if ks.total_states - states0 >= shard.hold_states:
                 prove_held()
             # Made here, where this part's block graphs were just generated: elsewhere they would
             # be generated again.
@@ -280,10 +286,9 @@ class Searcher:
             exhausted, firsts = True, []
         finally:
             ks.bound_s = float("inf")
-        deferred += held
-        shard = replace(shard, bodies=None, firsts=None)  # the driver has them: not sent back
+        shard = replace(shard, bodies=None, firsts=None, held=())  # the driver has them: not sent back
         return ShardResult(shard, verified, rejected, ks.total_states - states0, ks.total_pruned - pruned0, exhausted,
-                           dominated, deferred, ks.bounded - bounded0, firsts=firsts)
+                           dominated, deferred, ks.bounded - bounded0, firsts=firsts, held=held)
 
     def _settle(self, shard: Shard) -> ShardResult:
         """Prove the shard's tied candidates, best first, until `keep` of the best known are proved;
@@ -346,11 +351,11 @@ def run_search(
     t0 = time.monotonic()
     stats = stats or SearchStats(symbolic=not config.concrete)
     deadline = time.time() + budget_s if budget_s else float("inf")
-    prove_from = time.time() + PROOF_DELAY_S
     outcome = Outcome([], stats)
     seen: set[str] = set()
     unproved: dict[str, SGraph] = {}  # dominated candidates, in the order they were merged
     tied: dict[str, tuple[Key, SGraph]] = {}  # deferred candidates not settled yet, by text
+    pending: list[tuple[Key, SGraph]] = []  # candidates shards held, for the next shard to prove (`Shard.held`)
     last = [0.0]
 
     live_best = [float("inf")]  # best verified in this process, before its shard is merged
@@ -423,7 +428,23 @@ def run_search(
                 unproved[text] = sg
         for key, sg in result.deferred:
             tied.setdefault(key[2], (key, sg))
+        pending.extend(result.held)
         stats.budget_exhausted |= result.exhausted
+
+    def holding() -> int:
+        """What is left of the search's first `HOLD_STATES` states (the probe's included)."""
+        return max(0, HOLD_STATES - stats.states - paused[0])
+
+    def handed() -> tuple[tuple[Key, SGraph], ...]:
+        """The candidates held so far, handed to the shard being made (taken from the driver)."""
+        out = tuple(pending)
+        pending.clear()
+        return out
+
+    def unheld() -> None:
+        """Candidates still held (no shard came after them) join the ties the driver settles."""
+        for key, sg in handed():
+            tied.setdefault(key[2], (key, sg))
 
     def best_keys() -> tuple[Key, ...]:
         return tuple(sorted(v.sort_key() for v in outcome.verified)[:contenders])
@@ -441,7 +462,7 @@ def run_search(
         Shards defer a candidate that ties the proved one it must beat in time and kernel count
         (it would win only by its text): shards find such ties in an order of their own, and
         proving each tie as found would repeat proofs across shards; one proof here usually does.
-        They also defer the candidates held early in a search (`Shard.prove_from`)."""
+        They also defer the candidates held early in a search (`Shard.hold_states`)."""
         while shard := settle_shard(0, faster):
             merge(local.run(shard, deadline, None))
 
@@ -498,7 +519,8 @@ def run_search(
                 for choice in small.search.first_choices(depth):
                     base_states[0], base_pruned[0] = small.search.total_states, small.search.total_pruned
                     result = small.run(Shard(depth, choice, contenders=best_keys(), keep=contenders,
-                                             middle="library" if depth >= 3 else None, prove_from=prove_from),
+                                             middle="library" if depth >= 3 else None, hold_states=holding(),
+                                             held=handed()),
                                        deadline, left)
                     merge(replace(result, exhausted=False))
                     left -= result.states
@@ -557,12 +579,12 @@ def run_search(
             for i in range(parts):
                 if firsts := tuple(dealt[choice][i::parts]):
                     yield Shard(depth, choice, (parts, i), best_keys(), contenders, firsts=firsts, middle=middle,
-                                prove_from=prove_from)
+                                hold_states=holding(), held=handed())
             return
         deeper = parts > 1 and depth < config.max_kernel_ops and choice[0] == "graph" and middle != "graph"
         for i in range(parts if choice[0] == "graph" or depth == 2 else 1):
             yield Shard(depth, choice, (parts, i), best_keys(), contenders, bodies=walked.get((choice, i)),
-                        deeper=deeper, middle=middle, prove_from=prove_from)
+                        deeper=deeper, middle=middle, hold_states=holding(), held=handed())
 
     for depth in range(1, config.max_kernel_ops + 1):
         depth_now[0] = depth
@@ -620,12 +642,14 @@ def run_search(
         for choice, by_part in gathered.items():  # beaten across parts too, in a fixed order
             union = [f for _, firsts in sorted(by_part, key=lambda p: p[0]) for f in firsts]
             dealt[choice] = [f.state for f in local.search.undominated(union)]
+        unheld()
         unsettled[0] = True
         if stats.generic_depth == stats.depth and not bounded:
             stats.generic_depth = depth  # every graph of this many kernels was generated: for any shape
         stats.depth = depth
     # A depth the budget cut short leaves its ties unproved, not the held candidates faster than
     # the best proved: found within the budget, they would have been proved then.
+    unheld()
     settle(faster=stats.budget_exhausted and not unsettled[0])
     unproved.update((text, sg) for text, (_, sg) in tied.items() if text not in unproved)
     _keep_contenders(outcome, unproved, contenders)

@@ -607,10 +607,10 @@ def test_budget_returns_the_best_so_far(h100):
 def test_progress_reports_each_better_schedule_as_it_is_verified(h100, monkeypatch):
     """The best so far is reported when a candidate is verified, not when its shard ends (a shard
     can run for the whole budget); the report says when the winner was found (`best_found_s`).
-    Candidates are proved as they are found here: none is held (`PROOF_DELAY_S`)."""
+    Candidates are proved as they are found here: none is held (`HOLD_STATES`)."""
     from superopt.search import driver
 
-    monkeypatch.setattr(driver, "PROOF_DELAY_S", 0.0)
+    monkeypatch.setattr(driver, "HOLD_STATES", 0)
     events: list[dict] = []
     outcome = run_search(workloads.resolve("rmsnorm_matmul:ci"), h100, SearchConfig(), progress=events.append)
     found = [e["best_time_us"] for e in events if e["phase"] == "found"]
@@ -1592,14 +1592,15 @@ def _proofs_made(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     return names
 
 
-@pytest.mark.parametrize("delay_s, fused_proofs", [(0.0, 2), (60.0, 1)])
-def test_candidates_found_early_are_held_and_the_best_proved(h100, monkeypatch, delay_s, fused_proofs):
+@pytest.mark.parametrize("hold_states, fused_proofs", [(0, 2), (None, 1)])
+def test_candidates_found_early_are_held_and_the_best_proved(h100, monkeypatch, hold_states, fused_proofs):
     """rmsnorm_matmul's one-kernel search meets a fused candidate (the program as one block graph)
     before a faster one. Proved as found, both are proved; held for the search's first
-    `PROOF_DELAY_S`, only the faster is, when the depth is done. Same winner."""
+    `HOLD_STATES` (None: the default), only the faster is, when the depth is done. Same winner."""
     from superopt.search import driver
 
-    monkeypatch.setattr(driver, "PROOF_DELAY_S", delay_s)
+    if hold_states is not None:
+        monkeypatch.setattr(driver, "HOLD_STATES", hold_states)
     proofs = _proofs_made(monkeypatch)
     outcome = run_search(workloads.resolve("rmsnorm_matmul:ci"), h100, SearchConfig())
     assert proofs[0].endswith(".unfused") and len(proofs) == 1 + fused_proofs
@@ -1612,7 +1613,7 @@ def test_held_candidates_are_proved_when_the_budget_runs_out(h100, monkeypatch):
     them: it was found within the budget."""
     from superopt.search import driver
 
-    monkeypatch.setattr(driver, "PROOF_DELAY_S", 60.0)
+    monkeypatch.setattr(driver, "HOLD_STATES", 10_000)
     proofs = _proofs_made(monkeypatch)
     outcome = run_search(workloads.resolve("rmsnorm_matmul:ci"), h100, SearchConfig(), max_states=40)
     assert outcome.stats.budget_exhausted and outcome.stats.depth == 0
