@@ -3,7 +3,8 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.superopt-installed
-PYTEST_ARGS ?=
+# Tests run on every core (pytest-xdist); those in one xdist_group (the Ray tests) share a worker.
+PYTEST_ARGS ?= -n auto --dist loadgroup
 
 .PHONY: demo test lint typecheck clean
 

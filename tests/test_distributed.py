@@ -10,7 +10,7 @@ from superopt.search import distributed
 from superopt.search.distributed import ShardFailed, is_small, run_distributed
 from superopt.search.driver import run_search
 
-pytestmark = pytest.mark.ray
+pytestmark = [pytest.mark.ray, pytest.mark.xdist_group("ray")]  # one worker starts the one local Ray
 
 
 @pytest.fixture(scope="module", autouse=True)
