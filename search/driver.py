@@ -463,6 +463,7 @@ def run_search(
         (it would win only by its text): shards find such ties in an order of their own, and
         proving each tie as found would repeat proofs across shards; one proof here usually does.
         They also defer the candidates held early in a search (`Shard.hold_states`)."""
+        base_states[0], base_pruned[0] = local.search.total_states, local.search.total_pruned  # all merged: none live
         while shard := settle_shard(0, faster):
             merge(local.run(shard, deadline, None))
 

@@ -1602,10 +1602,14 @@ def test_candidates_found_early_are_held_and_the_best_proved(h100, monkeypatch, 
     if hold_states is not None:
         monkeypatch.setattr(driver, "HOLD_STATES", hold_states)
     proofs = _proofs_made(monkeypatch)
-    outcome = run_search(workloads.resolve("rmsnorm_matmul:ci"), h100, SearchConfig())
+    events: list[dict] = []
+    outcome = run_search(workloads.resolve("rmsnorm_matmul:ci"), h100, SearchConfig(), progress=events.append)
     assert proofs[0].endswith(".unfused") and len(proofs) == 1 + fused_proofs
     assert outcome.best.verdict.proved and outcome.best.sgraph.name.endswith(".searched")
     assert outcome.best.best.estimate.time_us == pytest.approx(2.7, abs=1e-3)
+    # Proved by the driver once the depth is done, the winner is reported with the states searched.
+    found = [e["states"] for e in events if e["phase"] == "found"]
+    assert found == sorted(found) and found[-1] <= outcome.stats.states
 
 
 def test_held_candidates_are_proved_when_the_budget_runs_out(h100, monkeypatch):

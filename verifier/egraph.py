@@ -237,7 +237,7 @@ def dropped_here() -> Iterator[EGraph]:
 class _Kept:
     """This thread's e-graph, with the rulesets registered once: each proof runs on it between a
     push and a pop. A new e-graph per proof translated its ~100 rules to egglog again, a third of
-    a small proof's time (rmsnorm_matmul's search is three proofs). Held by a thread-local, not in
+    a small proof's time (rmsnorm_matmul's search made three proofs). Held by a thread-local, not in
     a reference cycle: when the thread ends, its locals go and the engine is dropped there (see
     `dropped_here`)."""
 
