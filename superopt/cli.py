@@ -246,6 +246,15 @@ def _progress_line(quiet: bool) -> Any:
     return line()
 
 
+def _searched(depth: int) -> str:
+    """How far a search the budget cut short got: the kernel counts it searched completely, so
+    a user knows among which schedules the winner is the fastest."""
+    if depth == 0:
+        return "no kernel count was searched completely"
+    counted = "1 kernel" if depth == 1 else f"up to {depth} kernels"
+    return f"every schedule of {counted} was searched, deeper ones in part"
+
+
 def _summary(result: Any) -> None:
     best, rep = result.best, result.report()
     s = rep["search"]
@@ -253,7 +262,7 @@ def _summary(result: Any) -> None:
         "re-instantiated from an earlier search (shape reuse)" if s["reused"] else
         f"searched {'symbolically' if s['symbolic'] else 'concretely'}: {s['states']} states, "
         f"{s['pruned']} pruned, {s['verified']} verified in {s['seconds']:.1f} s"
-        + (f" (budget exhausted: the best so far, found at {s['best_found_s']:.1f} s)"
+        + (f" (budget exhausted: the best so far, found at {s['best_found_s']:.1f} s; {_searched(s['depth'])})"
            if s["budget_exhausted"] else ""))
     out.print(f"{result.program.name}: {how}", markup=False)
     out.print(render_sgraph(best.sgraph, best.params), markup=False)

@@ -197,3 +197,18 @@ def test_a_program_of_views_only_reports_strict_json(tmp_path, monkeypatch):
 
     report = json.loads(res.stdout, parse_constant=refuse)
     assert report["best"]["time_us"] == report["best"]["baseline_time_us"] == 0 and report["best"]["speedup"] == 1.0
+
+
+def test_a_search_cut_short_says_how_far_it_got(tmp_path, monkeypatch):
+    """A budget that runs out leaves the best so far: the summary names the kernel counts that
+    were searched completely (the schedules the winner is fastest among) and when it was found."""
+    monkeypatch.setenv("SUPEROPT_CACHE_DIR", str(tmp_path / "cache"))
+    cut = invoke("optimize", "gqa", "--no-cache", "--target", "h100", "--max-states", "1000")
+    assert cut.exit_code == 0, cut.output
+    assert "(budget exhausted: the best so far, found at" in cut.stdout
+    assert "every schedule of up to 2 kernels was searched, deeper ones in part)" in cut.stdout
+    early = invoke("optimize", "ntrans:ci", "--no-cache", "--target", "h100", "--max-states", "100")
+    assert early.exit_code == 0, early.output
+    assert "no kernel count was searched completely)" in early.stdout
+    whole = invoke("optimize", "ntrans:ci", "--no-cache", "--target", "h100")
+    assert whole.exit_code == 0 and "budget exhausted" not in whole.stdout and "searched completely" not in whole.stdout
