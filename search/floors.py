@@ -69,6 +69,7 @@ class Floors:
         self._digests: ObjectCache[Kernel, bytes] = ObjectCache(4096)  # kernel -> `_digest`
         self._whole_floors: dict[tuple[Any, ...], float] = {}  # last kernel's inputs -> `_whole_floor`
         self._middle_owns: dict[tuple[Any, ...], float] = {}  # a middle kernel's inputs -> `_middle_own`
+        self._grid_floors: dict[tuple[Any, ...], float] = {}  # reads, writes and grid -> `_grid_floor`
         # a middle kernel over program inputs only (`_middle_key`) -> how often its moves were
         # generated, and once they were twice, the least time of any of them (`_least_alone`)
         self._middle_walks: dict[tuple[Any, ...], int] = {}
@@ -214,16 +215,53 @@ class Floors:
         later kernels must move: what `_at_depth` asks of it at any depth, the bound only
         tightening), before its text is written: rmsnorm_mlp's first kernels over X, Wu and Wg
         all are, by 0.2 us or more."""
+        after = self.space.launches(1) * self.launch_s + self._owed(st)(()) / self.bandwidth
+        if self.target is not None and self.bound_s < math.inf and self._grid_floor(st) + after > self.bound_s:
+            self.pruned += 1
+            self.bounded += 1
+            return None
         prefix = self._prefix(st) if self.target is not None else None
         if prefix is None:
             return FirstKernel(st, None, "")
         floors = self._floors(st, *prefix, st.kernels[0])
-        after = self.space.launches(1) * self.launch_s + self._owed(st)(()) / self.bandwidth
         if min(floors.values(), default=math.inf) + after > self.bound_s:
             self.pruned += 1
             self.bounded += 1
             return None
         return FirstKernel(st, floors, prefix[0].dumps())
+
+    def _grid_floor(self, s: KState) -> float:
+        """A floor of the estimate of the last kernel of `s`, a graph kernel, from its own grid
+        alone, known before its prefix sGraph is built and its sizes bounded (`_floors`, some 4 ms
+        a kernel): `costmodel.whole_reduction_floor` over its axes, each over the program dim
+        classes of the input dims it splits (a size dividing theirs), of what its inputs hold (an
+        input is read again by every block along an axis that splits none of its classes) and
+        what it writes (one chunk of partials). 0 when it reads partials (a merge's loop walks
+        them) or an axis splits a dim of no class. rmsnorm_mlp's 850 first kernels over X, Wu and
+        Wg are all cut by the bound, 848 of them by this alone."""
+        assert self.target is not None
+        k = s.kernels[-1]
+        if not isinstance(k, GraphKernel):
+            return 0.0
+        held = {t.id: t for t in s.tensors}
+        ins = [held[i.tensor] for i in k.block.inputs]
+        if any(t.chunk is not None for t in ins):
+            return 0.0
+        axes = []
+        for a in range(len(k.block.grid)):
+            split = {t.classes[i.imap[a]] for i, t in zip(k.block.inputs, ins, strict=True) if i.imap[a] is not None}
+            if NO_CLASS in split:
+                return 0.0
+            sizes = [self._class_sizes[c] for c in (split or self._class_sizes)]  # an axis splitting no input: any
+            axes.append((frozenset(split), math.lcm(*sizes)))
+        reads = tuple(sorted(map(self._read, ins)))
+        written = sum(self._bytes(t) for t in s.tensors if t.id in k.outputs)
+        key = (reads, written, tuple(axes))
+        hit = self._grid_floors.get(key)
+        if hit is None:
+            hit = self._grid_floors[key] = costmodel.whole_reduction_floor(
+                self.target, reads, written, axes, len(axes))
+        return hit
 
     def undominated(self, firsts: list[FirstKernel]) -> list[FirstKernel]:
         """The first kernels that fewer than `keep` others beat (`_beats`) among those computing

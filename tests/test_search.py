@@ -17,6 +17,7 @@ from superopt.api import optimize
 from superopt.build import SGraphBuilder, unfused_baseline
 from superopt.cli import app
 from superopt.config import SearchConfig
+from superopt.loading import load_program
 from superopt.program import Tensor
 from superopt.search.block import Generator, InputSpec
 from superopt.search.driver import FULL_COLLECTION_AFTER, Searcher, Shard, run_search
@@ -1431,6 +1432,30 @@ def test_middle_kernel_own_floor_is_below_every_middle_kernel_over_its_inputs(h1
             tighter += own > ks.launch_s + max(read, ks._iteration_s) * 1.01
             checked += 1
     assert checked >= 60 and tighter >= 10, (checked, tighter)
+
+
+@pytest.mark.parametrize("spec", ["rmsnorm_mlp:ci", "gqa:ci", "gqa", "lora:ci", "scripts/programs/attention_projections.json"])
+def test_a_first_kernels_grid_floor_is_below_its_least_estimate(h100, spec):
+    """`_ranked_first` cuts a first kernel by the floor of its own grid (`_grid_floor`: the bytes
+    its axes make its blocks read, before its prefix is analyzed) when that floor and what must
+    follow exceed the bound: the floor is at most the cost model's least estimate of the kernel
+    at any sizes (`_floors`), partials, transposed reads and side-by-side axes (the Q, K and V
+    projections of one X) included; and it binds: for some kernels it is above the bytes they
+    move at full bandwidth."""
+    program = load_program(spec)
+    ks = KernelSearch(program, space_of(program), Oracle(program), SearchConfig(), target=h100)
+    ks.bound_s = 1.0
+    checked = tighter = 0
+    for choice in [c for c in ks.first_choices(2) if c[0] == "graph"]:
+        for first in itertools.islice(ks._graph_moves(ks.initial(), False, only=choice[1]), 60):
+            grid = ks._grid_floor(first)
+            if (prefix := ks._prefix(first)) is None or not (least := ks._floors(first, *prefix, first.kernels[0])):
+                continue
+            assert grid <= min(least.values()) * (1 + 1e-9), (grid, least, prefix[0].dumps())
+            size = {t.id: ks._bytes(t) for t in first.tensors}
+            tighter += grid > ks._moving_s(first.kernels[0], size) * 1.01
+            checked += 1
+    assert checked >= 10 and tighter >= 5, (checked, tighter)
 
 
 @pytest.mark.parametrize("spec", ["gqa", "gqa:ci"])
