@@ -8,7 +8,7 @@ and winners agree. The old code runs from a temporary `git worktree`; it must be
 `search/` whatever `sys.path` says. Measure without a profiler: cProfile charges many small calls
 far more than they cost.
 
-    .venv/bin/python scripts/ab_search.py --against HEAD~1 [--workloads gqa,rmsnorm_mlp] [--rounds 2]
+    .venv/bin/python scripts/ab_search.py --against HEAD~1 [--workloads gqa,rmsnorm_mlp] [--rounds 2] [--max-states N]
 
 A workload may also be a program JSON file (`scripts/programs/` holds programs that are no
 built-in workload but that a change was measured on).
@@ -39,15 +39,16 @@ from superopt.loading import load_program
 from superopt.targets import TARGETS
 program = load_program(sys.argv[2])
 t0 = time.perf_counter()
-out = driver.run_search(program, TARGETS["h100"], SearchConfig(), budget_s=float(sys.argv[3]))
+out = driver.run_search(program, TARGETS["h100"], SearchConfig(), budget_s=float(sys.argv[3]),
+                        max_states=int(sys.argv[4]) if sys.argv[4] != "None" else None)
 print(json.dumps({"seconds": time.perf_counter() - t0, "states": out.stats.states,
                   "exhausted": out.stats.budget_exhausted, "best_us": out.best.best.estimate.time_us,
                   "winner": hashlib.sha256(out.best.sgraph.dumps().encode()).hexdigest()[:12]}))
 """
 
 
-def run_one(tree: Path, spec: str, budget_s: float) -> dict[str, object]:
-    done = subprocess.run([sys.executable, "-c", RUN_ONE, str(tree), spec, str(budget_s)],
+def run_one(tree: Path, spec: str, budget_s: float, max_states: int | None) -> dict[str, object]:
+    done = subprocess.run([sys.executable, "-c", RUN_ONE, str(tree), spec, str(budget_s), str(max_states)],
                           capture_output=True, text=True, check=True, cwd=tempfile.gettempdir())
     return json.loads(done.stdout.strip().splitlines()[-1])
 
@@ -58,6 +59,8 @@ def main() -> None:
     ap.add_argument("--workloads", default="gqa,rmsnorm_mlp")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--budget-s", type=float, default=300.0)
+    ap.add_argument("--max-states", type=int, default=None,
+                    help="stop both at this many states: the same work, when the time budget would cut them apart")
     ap.add_argument("--json", default="out/ab_search.json")
     args = ap.parse_args()
     specs = [str(Path(s).resolve()) if Path(s).is_file() else s for s in args.workloads.split(",")]
@@ -69,8 +72,8 @@ def main() -> None:
             runs: dict[str, dict[str, list[dict[str, object]]]] = {s: {"old": [], "new": []} for s in specs}
             for _ in range(args.rounds):
                 for spec in specs:
-                    runs[spec]["old"].append(run_one(old, spec, args.budget_s))
-                    runs[spec]["new"].append(run_one(ROOT, spec, args.budget_s))
+                    runs[spec]["old"].append(run_one(old, spec, args.budget_s, args.max_states))
+                    runs[spec]["new"].append(run_one(ROOT, spec, args.budget_s, args.max_states))
         finally:
             subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(old)], check=True)
     rows = []

@@ -125,8 +125,12 @@ class Floors:
         size = {t.id: self._bytes(t) for t in s.tensors}
         total = 0.0
         for k in s.kernels:
-            floors = self._kernel_floors.get(self._floor_key(s, k)) if self.target is not None else None
-            total += self._moving_s(k, size) if floors is None else min(floors.values(), default=math.inf)
+            if self.target is None:
+                total += self._moving_s(k, size)
+            elif (floors := self._kernel_floors.get(self._floor_key(s, k))) is None:
+                total += max(self._moving_s(k, size), self._grid_floor(s, k))
+            else:
+                total += min(floors.values(), default=math.inf)
         return total
 
     def _estimated(self, s: KState) -> float:
@@ -216,7 +220,8 @@ class Floors:
         tightening), before its text is written: rmsnorm_mlp's first kernels over X, Wu and Wg
         all are, by 0.2 us or more."""
         after = self.space.launches(1) * self.launch_s + self._owed(st)(()) / self.bandwidth
-        if self.target is not None and self.bound_s < math.inf and self._grid_floor(st) + after > self.bound_s:
+        if self.target is not None and self.bound_s < math.inf and \
+                self._grid_floor(st, st.kernels[0]) + after > self.bound_s:
             self.pruned += 1
             self.bounded += 1
             return None
@@ -230,17 +235,16 @@ class Floors:
             return None
         return FirstKernel(st, floors, prefix[0].dumps())
 
-    def _grid_floor(self, s: KState) -> float:
-        """A floor of the estimate of the last kernel of `s`, a graph kernel, from its own grid
-        alone, known before its prefix sGraph is built and its sizes bounded (`_floors`, some 4 ms
-        a kernel): `costmodel.whole_reduction_floor` over its axes, each over the program dim
+    def _grid_floor(self, s: KState, k: Kernel) -> float:
+        """A floor of the estimate of kernel k of `s`, a graph kernel, from its own grid alone,
+        known before the prefix sGraph is built and its sizes bounded (`_floors`, some 4 ms a
+        kernel): `costmodel.whole_reduction_floor` over its axes, each over the program dim
         classes of the input dims it splits (a size dividing theirs), of what its inputs hold (an
         input is read again by every block along an axis that splits none of its classes) and
-        what it writes (one chunk of partials). 0 when it reads partials (a merge's loop walks
-        them) or an axis splits a dim of no class. rmsnorm_mlp's 850 first kernels over X, Wu and
-        Wg are all cut by the bound, 848 of them by this alone."""
+        what it writes (one chunk of partials). 0 for a library kernel, or when it reads partials
+        (a merge's loop walks them) or an axis splits a dim of no class. rmsnorm_mlp's 850 first
+        kernels over X, Wu and Wg are all cut by the bound, 848 of them by this alone."""
         assert self.target is not None
-        k = s.kernels[-1]
         if not isinstance(k, GraphKernel):
             return 0.0
         held = {t.id: t for t in s.tensors}

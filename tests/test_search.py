@@ -1435,27 +1435,36 @@ def test_middle_kernel_own_floor_is_below_every_middle_kernel_over_its_inputs(h1
 
 
 @pytest.mark.parametrize("spec", ["rmsnorm_mlp:ci", "gqa:ci", "gqa", "lora:ci", "scripts/programs/attention_projections.json"])
-def test_a_first_kernels_grid_floor_is_below_its_least_estimate(h100, spec):
-    """`_ranked_first` cuts a first kernel by the floor of its own grid (`_grid_floor`: the bytes
-    its axes make its blocks read, before its prefix is analyzed) when that floor and what must
-    follow exceed the bound: the floor is at most the cost model's least estimate of the kernel
-    at any sizes (`_floors`), partials, transposed reads and side-by-side axes (the Q, K and V
-    projections of one X) included; and it binds: for some kernels it is above the bytes they
-    move at full bandwidth."""
+def test_a_kernels_grid_floor_is_below_its_least_estimate(h100, spec):
+    """A kernel is cut by the floor of its own grid (`_grid_floor`: the bytes its axes make its
+    blocks read), before its prefix is analyzed, when that floor and what must follow exceed the
+    bound: a first kernel (`_ranked_first`), a later one (`_known_spent`). The floor is at most
+    the cost model's least estimate of the kernel at any sizes (`_floors`), partials, transposed
+    reads and side-by-side axes (the Q, K and V projections of one X) included; and it binds:
+    for some kernels it is above the bytes they move at full bandwidth."""
     program = load_program(spec)
     ks = KernelSearch(program, space_of(program), Oracle(program), SearchConfig(), target=h100)
     ks.bound_s = 1.0
-    checked = tighter = 0
+    checked = tighter = later = 0
+
+    def check(state) -> None:
+        nonlocal checked, tighter
+        kernel = state.kernels[-1]
+        grid = ks._grid_floor(state, kernel)
+        if (prefix := ks._prefix(state)) is None or not (least := ks._floors(state, *prefix, kernel)):
+            return
+        assert grid <= min(least.values()) * (1 + 1e-9), (grid, least, prefix[0].dumps())
+        size = {t.id: ks._bytes(t) for t in state.tensors}
+        tighter += grid > ks._moving_s(kernel, size) * 1.01
+        checked += 1
+
     for choice in [c for c in ks.first_choices(2) if c[0] == "graph"]:
-        for first in itertools.islice(ks._graph_moves(ks.initial(), False, only=choice[1]), 60):
-            grid = ks._grid_floor(first)
-            if (prefix := ks._prefix(first)) is None or not (least := ks._floors(first, *prefix, first.kernels[0])):
-                continue
-            assert grid <= min(least.values()) * (1 + 1e-9), (grid, least, prefix[0].dumps())
-            size = {t.id: ks._bytes(t) for t in first.tensors}
-            tighter += grid > ks._moving_s(first.kernels[0], size) * 1.01
-            checked += 1
-    assert checked >= 10 and tighter >= 5, (checked, tighter)
+        for n, first in enumerate(itertools.islice(ks._graph_moves(ks.initial(), False, only=choice[1]), 60)):
+            check(first)
+            for second in itertools.islice(ks._graph_moves(first, False), 10 if n % 10 == 0 else 0):
+                later += 1
+                check(second)
+    assert checked >= 10 and tighter >= 5 and later >= 10, (checked, tighter, later)
 
 
 @pytest.mark.parametrize("spec", ["gqa", "gqa:ci"])
