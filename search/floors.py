@@ -69,7 +69,7 @@ class Floors:
         self._digests: ObjectCache[Kernel, bytes] = ObjectCache(4096)  # kernel -> `_digest`
         self._whole_floors: dict[tuple[Any, ...], float] = {}  # last kernel's inputs -> `_whole_floor`
         self._middle_owns: dict[tuple[Any, ...], float] = {}  # a middle kernel's inputs -> `_middle_own`
-        self._grid_floors: dict[tuple[Any, ...], float] = {}  # reads, writes and grid -> `_grid_floor`
+        self._grid_floors: BoundedDict[tuple[Any, ...], float] = BoundedDict(FLOOR_ENTRIES)  # see `_grid_floor`
         # a middle kernel over program inputs only (`_middle_key`) -> how often its moves were
         # generated, and once they were twice, the least time of any of them (`_least_alone`)
         self._middle_walks: dict[tuple[Any, ...], int] = {}
