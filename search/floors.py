@@ -30,9 +30,11 @@ from superopt.dimclasses import NO_CLASS, dim_classes
 from superopt.dtypes import dtype as get_dtype
 from superopt.object_cache import BoundedDict, ObjectCache
 from superopt.program import Node, Program
+from superopt.search.block import BlockState
 from superopt.search.fingerprint import fingerprint, random_inputs
 from superopt.search.space import Space
 from superopt.search.states import FirstKernel, KState, KTensor, input_leaves
+from superopt.search.tiling import axis_options, sinks
 from superopt.search.views import ProgramViews
 from superopt.sgraph import GraphKernel, Kernel, LibraryKernel, SGraph, SGraphError, TensorDecl
 from superopt.sizes import Size
@@ -70,6 +72,7 @@ class Floors:
         self._whole_floors: dict[tuple[Any, ...], float] = {}  # last kernel's inputs -> `_whole_floor`
         self._middle_owns: dict[tuple[Any, ...], float] = {}  # a middle kernel's inputs -> `_middle_own`
         self._grid_floors: BoundedDict[tuple[Any, ...], float] = BoundedDict(FLOOR_ENTRIES)  # see `_grid_floor`
+        self._tiled_floors: ObjectCache[BlockState, tuple[float, float] | None] = ObjectCache(FLOOR_ENTRIES)
         # a middle kernel over program inputs only (`_middle_key`) -> how often its moves were
         # generated, and once they were twice, the least time of any of them (`_least_alone`)
         self._middle_walks: dict[tuple[Any, ...], int] = {}
@@ -405,25 +408,65 @@ class Floors:
 
     def _middle_floor(
         self, s: KState, later: int, part: tuple[int, int] = (1, 0),
-    ) -> Callable[[tuple[int, ...]], float]:
+    ) -> Callable[..., float]:
         """The least time of `s` plus a graph kernel over a subset of its tensors and `later`
         kernels after it, known before that kernel's block graphs are: `s`'s kernels, this
         kernel's least time (`_middle_own`, or over program inputs only, once known, the least
         time of the kernels they make: `_middle_least`), then each later one's launch and what
-        they must move (`_owed`), or when one kernel follows, its least time (`_last_after`)."""
+        they must move (`_owed`), or when one kernel follows, its least time (`_last_after`).
+        Once a block graph of that kernel is known, `own` and `unread` (`_tiled_floor`) raise
+        its least time and what the later kernels must read."""
         spent = self._spent(s)
         rest = self.space.launches(later) * self.launch_s
         owed = self._owed(s)
         last = self._last_after(s) if later == 1 else None
+        known: dict[tuple[int, ...], tuple[float, float, float]] = {}  # per subset: (own, owed bytes, last)
 
-        def floor(subset: tuple[int, ...]) -> float:
-            after = rest + owed(subset) / self.bandwidth
-            own = self._middle_own(s, subset)
-            if (walked := self._middle_key(s, subset, part)) is not None:
-                own = max(own, self._middle_least.get(walked, 0.0))
-            return spent + own + (after if last is None else max(after, last(subset)))
+        def floor(subset: tuple[int, ...], own: float = 0.0, unread: float = 0.0) -> float:
+            if (parts := known.get(subset)) is None:
+                least = self._middle_own(s, subset)
+                if (walked := self._middle_key(s, subset, part)) is not None:
+                    least = max(least, self._middle_least.get(walked, 0.0))
+                parts = known[subset] = (least, owed(subset), 0.0 if last is None else last(subset))
+            least, owes, last_s = parts
+            return spent + max(least, own) + max(rest + (owes + unread) / self.bandwidth, last_s)
 
         return floor
+
+    def _tiled_floor(self, s: KState, subset: tuple[int, ...], block: BlockState) -> tuple[float, float] | None:
+        """A floor of every graph kernel that block graph `block` over these tensors of `s` tiles
+        into (`tiling.resolve`), known before its tilings are searched (some 2 ms a block graph,
+        most of a middle kernel's search after the block graphs themselves): the least
+        `_grid_floor` over every axis they may take (`tiling.axis_options`: a class of each
+        output, or a reduced one only where its partials can be summed), with the bytes of its
+        outputs, which a later kernel must then read (the second value). None when unknown: it
+        reads partials, an axis would split a dim of no class, or it writes a program output
+        (written once, not read again: `_owed` counts it already). Kept per block graph (a block
+        space is replayed after every earlier kernel computing the same tensors)."""
+        assert self.target is not None
+        if any(s.tensors[i].chunk is not None for i in subset):
+            return None
+        return self._tiled_floors.get(block, None, lambda: self._block_floor(s, subset, block))
+
+    def _block_floor(self, s: KState, subset: tuple[int, ...], block: BlockState) -> tuple[float, float] | None:
+        assert self.target is not None
+        outputs = sinks(block)
+        if any(self._is_output(ae, shape, pdims, i) for ae, shape, pdims in outputs for i in range(len(self._outputs))):
+            return None
+        axes = []
+        for classes in axis_options(block):
+            split = frozenset(block.classes.program[c] for c in classes)
+            if NO_CLASS in split:
+                return None
+            axes.append((split, math.lcm(*(self._class_sizes[c] for c in (split or self._class_sizes)))))
+        reads = tuple(sorted(self._read(s.tensors[i]) for i in subset))
+        written = sum(math.prod(d.int_value() for d in shape) for _, shape, _ in outputs) * self._nbytes
+        options = tuple(sorted(set(axes), key=lambda a: (sorted(a[0]), a[1])))
+        key = ("tiled", reads, written, options)  # kept with the grid floors (theirs have no tag)
+        if (floor := self._grid_floors.get(key)) is None:
+            floor = self._grid_floors[key] = costmodel.whole_reduction_floor(
+                self.target, reads, written, options, self.config.max_grid_axes)
+        return floor, written
 
     def _middle_key(self, s: KState, subset: tuple[int, ...], part: tuple[int, int]) -> tuple[Any, ...] | None:
         """What the middle kernels over these tensors of `s` depend on, when they read program

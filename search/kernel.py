@@ -40,14 +40,13 @@ from superopt.search.block import MAX_OUTPUTS, BlockState, Body, Generator, Inpu
 from superopt.search.floors import Floors, same_classes
 from superopt.search.space import Space
 from superopt.search.states import FirstKernel, KState, KTensor
-from superopt.search.tiling import PLAN_ENTRIES, Chunk, Plans, resolve, resolve_fixed
+from superopt.search.tiling import PLAN_ENTRIES, Chunk, Plans, Sink, output_shape, resolve, resolve_fixed, sinks
 from superopt.search.views import ProgramViews
 from superopt.sgraph import GraphKernel, Kernel, LibraryKernel, SGraph, SGraphError, TensorDecl, analyze
 from superopt.sizes import Size
 from superopt.targets import Target
 from superopt.verifier.oracle import AE, Oracle
 
-Sink = tuple[AE, tuple[Size, ...], tuple[int, ...]]  # a block output: expression, full shape, program dim classes
 FirstChoice = tuple[str, Any]  # ("library", move key) | ("graph" | "program", input tensor indices)
 MIDDLES = ("library", "graph")  # kinds of second kernel, in the order graphs of 3+ kernels are grown
 BLOCK_CACHE_ENTRIES = 256  # input combinations whose block graphs are kept (least recently used go)
@@ -243,11 +242,15 @@ class KernelSearch(Floors):
         # From three kernels on, the same again for a second kernel that is a library op (a few
         # moves), then a graph kernel (whole block spaces, one per first kernel): a graph of
         # cheap middle kernels that wins tightens the bound before the costly ones are generated.
+        # With a graph middle kernel, both passes are made per first kernel: their middle block
+        # spaces (qknorm_gqa: some 25,000 block graphs per first kernel, 65 first kernels over Q)
+        # are kept for the second pass only while they are the last few (`BLOCK_CACHE_STATES`).
         second = part if choice[0] == "library" and firsts is None else (1, 0)  # graph ones were split already
         for kind in MIDDLES if depth >= 3 and middle is None else (middle,):
-            for rereads in (False, True):
-                for state in states:
-                    yield from self._at_depth(state, depth, rereads, second, kind)
+            passes = [(s, r) for s in states for r in (False, True)] if kind == "graph" else \
+                [(s, r) for r in (False, True) for s in states]
+            for state, rereads in passes:
+                yield from self._at_depth(state, depth, rereads, second, kind)
 
     def _first_too_slow(self, subset: tuple[int, ...], depth: int, part: tuple[int, int]) -> bool:
         """Must every graph of `depth` kernels whose first is a graph kernel over these inputs
@@ -528,15 +531,22 @@ class KernelSearch(Floors):
                 least = math.inf if walk is not None and walks == 1 and self.target is not None else None
                 blocks = self._blocks(specs, part) if program is None else self._program_blocks(s, specs, program)
                 for block in blocks:
-                    if final and not self._completes_exactly(missing, _sinks(block)):
+                    if final and not self._completes_exactly(missing, sinks(block)):
                         self.pruned += 1
+                        continue
+                    if middle is not None and tie is None and (tiled := self._tiled_floor(s, subset, block)) \
+                            and middle(subset, *tiled) > self.bound_s:
+                        if least is not None:  # its kernels take at least its own floor
+                            least = min(least, tiled[0])
+                        self.pruned += 1
+                        self.bounded += 1
                         continue
                     kid = f"k{len(s.kernels)}"
                     ids = [t.id for t in s.tensors]
                     for res in resolve(block, specs, ids, kid, s.graph_kernels, tie, self._plans,
                                        self.config.max_grid_axes, partial_axes=not final):
                         if least is not None:
-                            outputs = [KTensor(tid, _output_shape(block, tile, chunk), block.tiles[tile].ae,
+                            outputs = [KTensor(tid, output_shape(block, tile, chunk), block.tiles[tile].ae,
                                                block.tiles[tile].pdims, chunk) for tid, tile, chunk in res.outputs]
                             least = min(least, self._least_alone(s, res.kernel, outputs))
                         signature = _signature(res.kernel)
@@ -545,7 +555,7 @@ class KernelSearch(Floors):
                             continue
                         new = []
                         for tid, tile, chunk in res.outputs:
-                            shape = _output_shape(block, tile, chunk)
+                            shape = output_shape(block, tile, chunk)
                             t = block.tiles[tile]
                             if self._repeats(s, t.ae, shape, chunk, t.pdims):
                                 break
@@ -745,19 +755,3 @@ def _kernel_shapes(program: Program, s: KState, kernel: GraphKernel) -> dict[str
     decls = tuple(TensorDecl(n.id, n.shape, n.dtype or "f32") for n in program.inputs)
     info = analyze(SGraph(decls, (*s.kernels, kernel), kernel.outputs, "partial"), require_used=False)
     return {t: info.shapes[t] for t in kernel.outputs}
-
-
-def _sinks(block: BlockState) -> list[Sink]:
-    """The abstract expression, full shape and program dim classes of each block output (its
-    unconsumed post tiles)."""
-    used = {a for t in block.tiles for a in t.args}
-    return [(t.ae, _output_shape(block, k, None), t.pdims) for k, t in enumerate(block.tiles)
-            if t.phase == 1 and k not in used]
-
-
-def _output_shape(block: BlockState, tile: int, chunk: Chunk | None) -> tuple[Size, ...]:
-    dims = block.tiles[tile].dims
-    shape = [Size.const(1 if d < 0 else block.classes.size[block.classes.find(d)]) for d in dims]
-    if chunk is not None:
-        shape[chunk.dim] = Size.const(chunk.base) * chunk.size
-    return tuple(shape)

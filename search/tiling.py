@@ -25,7 +25,9 @@ from superopt.object_cache import ObjectCache
 from superopt.search.block import UNIT, BlockState, InputSpec, Tile
 from superopt.sgraph import GraphKernel
 from superopt.sizes import Size
+from superopt.verifier.oracle import AE
 
+Sink = tuple[AE, tuple[Size, ...], tuple[int, ...]]  # a block output: expression, full shape, program dim classes
 # Per-axis status of a tile: how it relates to the axis' split (see `_statuses`).
 NONE, SPLIT, SUM, MEAN, BAD = "none", "split", "sum", "mean", "bad"
 
@@ -69,26 +71,51 @@ def resolve(
         yield _built(s, inputs, tensor_ids, kid, index, axes, tie, None, plan)
 
 
-def _search_plans(s: BlockState, n_inputs: int, tied: bool, max_grid: int, partial_axes: bool) -> Iterator[_Plan]:
-    cl = s.classes
-    outs = [k for k, t in enumerate(s.tiles) if t.phase == 1 and not _consumed(s, k)]
-    root_dims = [tuple(cl.find(d) for d in t.dims) for t in s.tiles]
-    input_classes = {c for k, t in enumerate(s.tiles) if t.op == "input" for c in root_dims[k] if c != UNIT}
-    tied_classes = {root_dims[k][d] for k, d in s.tied if root_dims[k][d] != UNIT}
-    in_all_outputs = set.intersection(*(set(root_dims[o]) - {UNIT} for o in outs))
+def axis_options(s: BlockState) -> list[frozenset[int]]:
+    """Every grid axis a tiling of this complete block graph (no tied loop) may take, as the block
+    dim classes it splits (`_search_plans` chooses up to `max_grid` of them): a class of every
+    output, classes side by side, a reduced class split into per-chunk partials, and, when no
+    class of every output can be split, the axis of a single block (no class). Known before the
+    tilings are searched, for a floor of them all (`Floors._tiled_floor`)."""
+    parallel, _, partial = _Analysis(s).axes()
+    return [*parallel, *(frozenset({c}) for c in partial)] + ([] if parallel else [frozenset()])
 
-    status = _StatusMemo(s, root_dims)
 
-    def splits(axis: frozenset[int], want: tuple[str, ...]) -> bool:
+class _Analysis:
+    """What every tiling of a complete block graph starts from: its outputs, each tile's root
+    classes, and the statuses of the tiles per axis (`_statuses`, memoized)."""
+
+    def __init__(self, s: BlockState) -> None:
+        cl = s.classes
+        self.outs = [k for k, t in enumerate(s.tiles) if t.phase == 1 and not _consumed(s, k)]
+        self.root_dims = [tuple(cl.find(d) for d in t.dims) for t in s.tiles]
+        self.input_classes = {c for k, t in enumerate(s.tiles) if t.op == "input" for c in self.root_dims[k]
+                              if c != UNIT}
+        self.tied_classes = {self.root_dims[k][d] for k, d in s.tied if self.root_dims[k][d] != UNIT}
+        self.in_all_outputs = set.intersection(*(set(self.root_dims[o]) - {UNIT} for o in self.outs))
+        self.status = _StatusMemo(s, self.root_dims)
+        self.s = s
+
+    def splits(self, axis: frozenset[int], want: tuple[str, ...]) -> bool:
         """A grid axis may split these classes: every tile stays computable and the outputs are `want`."""
-        st = status(axis, is_loop=False)
-        return st is not None and all(st[o] in want for o in outs)
+        st = self.status(axis, is_loop=False)
+        return st is not None and all(st[o] in want for o in self.outs)
 
-    parallel = [frozenset({c}) for c in sorted((in_all_outputs & input_classes) - tied_classes)
-                if splits(frozenset({c}), (SPLIT,))]
-    reduced = sorted(input_classes - in_all_outputs - tied_classes)
-    parallel += [a for a in _side_by_side(s, root_dims, outs, set(reduced)) if splits(a, (SPLIT,))]
-    splittable_reduced = [c for c in reduced if splits(frozenset({c}), (SUM, MEAN))]
+    def axes(self) -> tuple[list[frozenset[int]], list[int], list[int]]:
+        """The axes that split the outputs (a class of each, or side by side), the reduced classes
+        (inputs have them, not every output), and those of them an axis may split into partials."""
+        parallel = [frozenset({c}) for c in sorted((self.in_all_outputs & self.input_classes) - self.tied_classes)
+                    if self.splits(frozenset({c}), (SPLIT,))]
+        reduced = sorted(self.input_classes - self.in_all_outputs - self.tied_classes)
+        parallel += [a for a in _side_by_side(self.s, self.root_dims, self.outs, set(reduced))
+                     if self.splits(a, (SPLIT,))]
+        return parallel, reduced, [c for c in reduced if self.splits(frozenset({c}), (SUM, MEAN))]
+
+
+def _search_plans(s: BlockState, n_inputs: int, tied: bool, max_grid: int, partial_axes: bool) -> Iterator[_Plan]:
+    an = _Analysis(s)
+    root_dims, outs, status = an.root_dims, an.outs, an.status
+    parallel, reduced, splittable_reduced = an.axes()
     loop_options: list[frozenset[int]]
     if tied:
         loop_options = [frozenset({-2})]  # the tied loop: walks the tied input dims
@@ -200,6 +227,24 @@ def resolve_fixed(
     loop_classes = block_classes(loop[0])
     return _tiling(s, inputs, tensor_ids, kid, index, fixed, loop_classes, loop[1], None, root_dims, outs,
                    _StatusMemo(s, root_dims))
+
+
+def sinks(block: BlockState) -> list[Sink]:
+    """The abstract expression, full shape and program dim classes of each block output (its
+    unconsumed post tiles)."""
+    used = {a for t in block.tiles for a in t.args}
+    return [(t.ae, output_shape(block, k, None), t.pdims) for k, t in enumerate(block.tiles)
+            if t.phase == 1 and k not in used]
+
+
+def output_shape(block: BlockState, tile: int, chunk: Chunk | None) -> tuple[Size, ...]:
+    """The shape of the kernel tensor a block output is written to: full sizes, a chunked dim as
+    many times its size per chunk as there are chunks."""
+    dims = block.tiles[tile].dims
+    shape = [Size.const(1 if d < 0 else block.classes.size[block.classes.find(d)]) for d in dims]
+    if chunk is not None:
+        shape[chunk.dim] = Size.const(chunk.base) * chunk.size
+    return tuple(shape)
 
 
 def _consumed(s: BlockState, k: int) -> bool:

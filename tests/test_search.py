@@ -19,6 +19,7 @@ from superopt.cli import app
 from superopt.config import SearchConfig
 from superopt.loading import load_program
 from superopt.program import Tensor
+from superopt.search import kernel as kernel_module
 from superopt.search.block import Generator, InputSpec
 from superopt.search.driver import FULL_COLLECTION_AFTER, Searcher, Shard, run_search
 from superopt.search.fingerprint import fingerprint, random_inputs
@@ -1136,8 +1137,10 @@ def test_an_added_constant_is_told_from_a_norms_epsilon(h100):
 def test_graphs_whose_last_kernel_merges_computed_tensors_come_first(spec, depth, first):
     """Within a shard, graphs whose last kernel reads only computed tensors (a merge, a division)
     are produced before those whose last kernel reads program inputs again (from three kernels
-    on, within each kind of second kernel: library ones first); the candidates are the same as
-    one pass over the subtree produces (kernels before the last one are not filtered)."""
+    on, within each kind of second kernel: library ones first; with a graph-defined second
+    kernel, within each first kernel, whose middle block spaces are then replayed, not generated
+    again); the candidates are the same as one pass over the subtree produces (kernels before
+    the last one are not filtered)."""
     from superopt.search.kernel import MIDDLES
 
     program = workloads.resolve(spec)
@@ -1147,9 +1150,11 @@ def test_graphs_whose_last_kernel_merges_computed_tensors_come_first(spec, depth
     passes = [list(ks.candidates_in(depth, ("graph", first), middle=kind)) for kind in MIDDLES] \
         if depth >= 3 else [two_pass]
     assert [sg.dumps() for sg in two_pass] == [sg.dumps() for part in passes for sg in part]
-    for part in passes:
-        rereads = [bool(set(sg.kernels[-1].tensor_inputs) & inputs) for sg in part]
-        assert rereads == sorted(rereads)
+    for kind, part in zip(MIDDLES if depth >= 3 else (None,), passes, strict=True):
+        first_kernel = (lambda sg: repr(sg.kernels[0])) if kind == "graph" else (lambda sg: None)
+        for _, run in itertools.groupby(part, first_kernel):
+            rereads = [bool(set(sg.kernels[-1].tensor_inputs) & inputs) for sg in run]
+            assert rereads == sorted(rereads)
     assert {bool(set(sg.kernels[-1].tensor_inputs) & inputs) for sg in passes[-1]} == {False, True}
     firsts = ks._graph_moves(ks.initial(), False, only=first)
     one_pass = [sg for st in firsts for sg in ks._at_depth(st, depth)]
@@ -1465,6 +1470,43 @@ def test_a_kernels_grid_floor_is_below_its_least_estimate(h100, spec):
                 later += 1
                 check(second)
     assert checked >= 10 and tighter >= 5 and later >= 10, (checked, tighter, later)
+
+
+@pytest.mark.parametrize("spec", ["rmsnorm_mlp:ci", "gqa:ci", "gqa", "lora:ci"])
+def test_a_block_graphs_tiled_floor_is_below_the_grid_floor_of_every_kernel_it_tiles_into(h100, spec, monkeypatch):
+    """A middle kernel's block graph is cut before its tilings are searched when the floor of
+    them all (`_tiled_floor`: `_grid_floor` over every axis they may take, partial-result axes
+    included) and what must follow exceed the bound. That floor is at most the grid floor of
+    each kernel the block graph tiles into, and the second value it returns is what the kernel
+    writes; it binds: for most kernels it is the grid floor (within 0.1%)."""
+    program = load_program(spec)
+    ks = KernelSearch(program, space_of(program), Oracle(program), SearchConfig(), target=h100)
+    ks.bound_s = 1.0  # finite, so the floors are computed, and large, so nothing is cut
+    tiled_from = []  # the block graph of each kernel `resolve` makes, in order
+    resolve = kernel_module.resolve
+
+    def recording(block, *args, **kwargs):
+        for res in resolve(block, *args, **kwargs):
+            tiled_from.append(block)
+            yield res
+
+    monkeypatch.setattr(kernel_module, "resolve", recording)
+    checked = tight = partials = 0
+    for first in itertools.islice(_first_kernels(ks, 3, choices=3, each=30), 0, None, 3):
+        for second in itertools.islice(ks._graph_moves(first, False, later=1), 100):
+            subset = second.last_key[1]
+            if (tiled := ks._tiled_floor(first, subset, tiled_from[-1])) is None:
+                continue
+            grid = ks._grid_floor(second, second.kernels[-1])
+            new = second.tensors[len(first.tensors):]
+            assert tiled[0] <= grid * (1 + 1e-9), (tiled, grid, second.kernels[-1])
+            assert tiled[1] == pytest.approx(sum(map(ks._bytes, new)))
+            checked += 1
+            tight += tiled[0] >= grid * 0.999
+            partials += any(t.chunk is not None for t in new)
+    assert checked >= 50 and tight >= checked // 2, (checked, tight)
+    if spec.startswith("gqa"):
+        assert partials >= 5, partials  # flash-decoding partials: the tilings' partial axes are floored too
 
 
 @pytest.mark.parametrize("spec", ["gqa", "gqa:ci"])
