@@ -407,19 +407,20 @@ class Floors:
         return floor
 
     def _middle_floor(
-        self, s: KState, later: int, part: tuple[int, int] = (1, 0),
+        self, s: KState, later: int, part: tuple[int, int] = (1, 0), then_last: bool = True,
     ) -> Callable[..., float]:
         """The least time of `s` plus a graph kernel over a subset of its tensors and `later`
         kernels after it, known before that kernel's block graphs are: `s`'s kernels, this
         kernel's least time (`_middle_own`, or over program inputs only, once known, the least
         time of the kernels they make: `_middle_least`), then each later one's launch and what
-        they must move (`_owed`), or when one kernel follows, its least time (`_last_after`).
+        they must move (`_owed`), or when one kernel follows and `then_last` says it is the
+        last (not so for a first kernel kept for deeper graphs), its least time (`_last_after`).
         Once a block graph of that kernel is known, `own` and `unread` (`_tiled_floor`) raise
         its least time and what the later kernels must read."""
         spent = self._spent(s)
         rest = self.space.launches(later) * self.launch_s
         owed = self._owed(s)
-        last = self._last_after(s) if later == 1 else None
+        last = self._last_after(s) if later == 1 and then_last else None
         known: dict[tuple[int, ...], tuple[float, float, float]] = {}  # per subset: (own, owed bytes, last)
 
         def floor(subset: tuple[int, ...], own: float = 0.0, unread: float = 0.0) -> float:

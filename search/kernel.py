@@ -271,7 +271,7 @@ class KernelSearch(Floors):
         key = (choice, part)
         if key not in self._first_kernels:
             ranked = []
-            for st in self._graph_moves(self.initial(), False, only=choice[1], part=part):
+            for st in self._graph_moves(self.initial(), False, only=choice[1], part=part, first=True):
                 self._within_deadline()
                 if (first := self._ranked_first(st)) is not None:
                     ranked.append(first)
@@ -482,10 +482,12 @@ class KernelSearch(Floors):
 
     def _graph_moves(
         self, s: KState, final: bool, only: tuple[int, ...] | None = None, part: tuple[int, int] = (1, 0),
-        rereads: bool | None = None, later: int = 0, program: Program | None = None,
+        rereads: bool | None = None, later: int = 0, program: Program | None = None, first: bool = False,
     ) -> Iterator[KState]:
         """Graph kernels over every subset of the tensors (or `only` that one); `later` kernels to
-        come after a kernel that is not the last bound it (`_middle_floor`). `program`: only the
+        come after a kernel that is not the last bound it (`_middle_floor`), or for a `first`
+        kernel of graphs of any depth, what must follow it at any depth (a launch, the bytes the
+        later kernels must move: as `_ranked_first`). `program`: only the
         block graphs that compute this program (the whole one over its inputs, or a part of it
         over the tensors `only`, its inputs named by their ids: `program_split`)."""
         assert self._gen is not None
@@ -497,7 +499,8 @@ class KernelSearch(Floors):
             return  # no subset of the tensors has every class the outputs have (block ops make none)
         unused = self._unused(s) if final else []
         spent = self._spent(s) if final else 0.0
-        middle = None if final or not later or self.bound_s == float("inf") else self._middle_floor(s, later, part)
+        middle = None if final or not (later or first) or self.bound_s == float("inf") else \
+            self._middle_floor(s, max(later, 1), part, then_last=not first)
         for size in range(1, self.config.max_block_inputs + 1):
             for subset in combinations(indices, size):
                 if (only is not None and subset != only) or not self._reads_inputs(subset, rereads):
@@ -526,7 +529,7 @@ class KernelSearch(Floors):
                     continue
                 # Middle kernels over program inputs only are the same after every earlier kernel:
                 # the second time they are generated, their least time is kept (`_middle_floor`).
-                walk = None if middle is None else self._middle_key(s, subset, part)
+                walk = None if middle is None or first else self._middle_key(s, subset, part)
                 walks = 0 if walk is None else self._middle_walks.get(walk, 0)
                 least = math.inf if walk is not None and walks == 1 and self.target is not None else None
                 blocks = self._blocks(specs, part) if program is None else self._program_blocks(s, specs, program)
