@@ -210,23 +210,20 @@ def resolve_fixed(
 ) -> Resolved | None:
     """The one tiling that concrete (Mirage-style) search fixed before generating the block graph:
     each grid axis (program dim class, size) and the loop (program dim classes, range)."""
-    cl = s.classes
-    outs = [k for k, t in enumerate(s.tiles) if t.phase == 1 and not _consumed(s, k)]
-    root_dims = [tuple(cl.find(d) for d in t.dims) for t in s.tiles]
-    roots = {r for dims in root_dims for r in dims if r != UNIT}
+    an = _Analysis(s)
+    roots = {r for dims in an.root_dims for r in dims if r != UNIT}
 
     def block_classes(program_classes: frozenset[int]) -> frozenset[int]:
-        return frozenset(r for r in roots if cl.program[r] in program_classes)
+        return frozenset(r for r in roots if s.classes.program[r] in program_classes)
 
-    in_all_outputs = set.intersection(*(set(root_dims[o]) - {UNIT} for o in outs))
     letters = "xyz"
     fixed = []
     for i, (pc, size) in enumerate(axes):
         classes = block_classes(frozenset({pc}))
-        fixed.append(Axis(f"g{letters[i]}{index}", Size.const(size), classes, not (classes & in_all_outputs)))
+        fixed.append(Axis(f"g{letters[i]}{index}", Size.const(size), classes, not (classes & an.in_all_outputs)))
     loop_classes = block_classes(loop[0])
-    return _tiling(s, inputs, tensor_ids, kid, index, fixed, loop_classes, loop[1], None, root_dims, outs,
-                   _StatusMemo(s, root_dims))
+    return _tiling(s, inputs, tensor_ids, kid, index, fixed, loop_classes, loop[1], None, an.root_dims, an.outs,
+                   an.status)
 
 
 def sinks(block: BlockState) -> list[Sink]:
