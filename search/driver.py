@@ -487,10 +487,26 @@ def run_search(
             yield shard
         unsettled[0] = False
 
+    def split_schedules() -> list[SGraph]:
+        """`KernelSearch.program_split`, within the search's budgets (it runs before any shard: a
+        concrete search's split tries every concrete tiling of each part, attention_projections'
+        for minutes)."""
+        ks = local.search
+        states, pruned = ks.total_states, ks.total_pruned
+        ks.deadline, ks.max_states = deadline, None if max_states is None else states + max_states
+        try:
+            return ks.program_split()
+        except BudgetExhausted:
+            stats.budget_exhausted = True
+            return []
+        finally:
+            stats.states += ks.total_states - states
+            stats.pruned += ks.total_pruned - pruned
+
     baseline: list[Verified] = []
     local.consider(unfused_baseline(program), baseline, outcome.rejected)
     merge(ShardResult(Shard(0, ("baseline", None)), baseline, [], 0, 0, False))
-    merge(local.consider_best([local.views.unfold(sg) for sg in local.search.program_split()], contenders))
+    merge(local.consider_best([local.views.unfold(sg) for sg in split_schedules()], contenders))
 
     def probe(first_depth: int, live_states: int = 0, live_pruned: int = 0) -> None:
         """Anytime, for large searches: once the one-kernel search has reached `probe_after`

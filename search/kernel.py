@@ -525,7 +525,7 @@ class KernelSearch(Floors):
                 tie = next(((c.axis, c.size) for i in subset if (c := s.tensors[i].chunk) is not None), None)
                 specs = [self._spec(s.tensors[i], i, tie is not None) for i in subset]
                 if self.config.concrete and tie is None:
-                    yield from self._concrete_moves(s, subset, specs, final, missing)
+                    yield from self._concrete_moves(s, subset, specs, final, missing, program)
                     continue
                 # Middle kernels over program inputs only are the same after every earlier kernel:
                 # the second time they are generated, their least time is kept (`_middle_floor`).
@@ -574,16 +574,18 @@ class KernelSearch(Floors):
 
     def _concrete_moves(
         self, s: KState, subset: tuple[int, ...], specs: list[InputSpec], final: bool, missing: list[int],
+        program: Program | None = None,
     ) -> Iterator[KState]:
         """Mirage-style: fix the grid sizes, the maps and the loop range first, then generate block
-        graphs over the concrete tiles, for every such choice (what the symbolic search avoids)."""
+        graphs over the concrete tiles, for every such choice (what the symbolic search avoids);
+        `program`: only the block graphs computing it (as `_graph_moves`)."""
         kid = f"k{len(s.kernels)}"
         ids = [t.id for t in s.tensors]
         for axes, loop in concrete_tilings(specs):
             tiled = [InputSpec(sp.tensor, _tile(sp, axes, loop), sp.ae, sp.classes) for sp in specs]
             if any(d < 1 for sp in tiled for d in sp.shape):
                 continue
-            for block in self._blocks(tiled):
+            for block in self._blocks(tiled) if program is None else self._program_blocks(s, tiled, program):
                 res = resolve_fixed(block, tiled, ids, kid, s.graph_kernels, axes, loop)
                 if res is None:
                     continue

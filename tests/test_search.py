@@ -727,6 +727,27 @@ def test_a_program_too_large_for_one_kernel_is_cut_into_fused_parts_at_once(h100
     assert KernelSearch(small, space_of(small), Oracle(small), SearchConfig(), target=h100).program_split() == []
 
 
+def test_a_concrete_search_cuts_a_large_program_into_its_parts_own_graphs_within_its_budgets(h100):
+    """`--concrete` cut a program into parts over every block graph of each concrete tiling, not
+    only the part's own, and before any budget applied: the 14-op chain's split took 176,000
+    states (85 s) to find nothing, a state budget of 3,000 ran 109 s for the unfused baseline,
+    and attention_projections' split ran minutes past a 60 s budget. Now each part's own graph is
+    tiled concretely, and the split's states count against the search's budgets."""
+    p = _long_chain(7)
+    ks = KernelSearch(p, space_of(p), Oracle(p), SearchConfig(concrete=True), target=h100)
+    split = ks.program_split()
+    assert split and ks.total_states < 1_000
+    assert all(len(sg.kernels) == 2 and all(isinstance(k, GraphKernel) for k in sg.kernels) for sg in split)
+    assert all([op.op for k in sg.kernels for op in k.block.body if op.op != "const"] ==
+               [n.op for n in p.topological() if n.op not in ("input", "const")] for sg in split)
+    seeded = run_search(p, h100, SearchConfig(concrete=True), max_states=3_000)
+    assert seeded.best.verdict.proved and seeded.best.sgraph.dumps() in {sg.dumps() for sg in split}
+    projections = load_program("scripts/programs/attention_projections.json")
+    capped = run_search(projections, h100, SearchConfig(concrete=True), max_states=2_000)
+    assert capped.stats.budget_exhausted and 2_000 <= capped.stats.states < 2_100
+    assert capped.best.sgraph.name.endswith(".unfused")  # the split alone took the states
+
+
 def test_a_reshape_between_fused_parts_is_a_library_kernel_of_the_split(h100, monkeypatch):
     """rms_norm per head of (rms_norm(softmax(X)) - rowmax(X)) @ W, split into heads by a reshape
     (found by fuzz_optimize): no block graph holds the reshape, so the program needs three
