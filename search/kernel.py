@@ -699,43 +699,67 @@ def _signature(k: GraphKernel) -> str:
 
 
 GRID_TILES = (8, 16, 32, 64, 128, 256)  # Mirage's 1-D grid candidates: dim / tile for these tiles
+ConcreteAxis = tuple[frozenset[int], int]  # program dim classes a grid axis splits (side by side when more), size
 LOOP_RANGES = (1, 4, 16, 64)  # Mirage's loop ranges, plus no loop
 
 
-def concrete_tilings(specs: Sequence[InputSpec]) -> Iterator[tuple[list[tuple[int, int]], tuple[frozenset[int], int]]]:
-    """Every concrete choice of grid axes (program dim class, size) and loop (classes, range) for
-    these inputs, in a fixed order (`_concrete_grids`), each with a loop over one or two classes
-    (or none) whose range divides what it walks."""
+def concrete_tilings(specs: Sequence[InputSpec]) -> Iterator[tuple[list[ConcreteAxis], tuple[frozenset[int], int]]]:
+    """Every concrete choice of grid axes (`ConcreteAxis`) and loop (classes, range) for these
+    inputs, in a fixed order (`_concrete_grids`), each with a loop over one or two classes (or
+    none) whose range divides what it walks."""
     extent: dict[int, int] = {}
+    owners: dict[int, set[int]] = {}
     for sp in specs:
         for size, c in zip(sp.shape, sp.classes, strict=True):
             if c != -1 and size > 1:
                 extent[c] = size
+                owners.setdefault(c, set()).add(sp.tensor)
     classes = sorted(extent)
-    for axes in _concrete_grids(classes, extent):
+    for axes in _concrete_grids(classes, _side_by_side(classes, extent, owners), extent):
+        split = {c: size for group, size in axes for c in group}
         for n_loop in (0, 1, 2):
             for walked in combinations(classes, n_loop):
                 for rng in LOOP_RANGES if walked else (1,):
                     if walked and rng == 1:
                         continue
-                    left = {c: extent[c] // dict(axes).get(c, 1) for c in walked}
+                    left = {c: extent[c] // split.get(c, 1) for c in walked}
                     if all(left[c] % rng == 0 and left[c] > rng for c in walked):
                         yield axes, (frozenset(walked), rng)
 
 
-def _concrete_grids(classes: list[int], extent: dict[int, int]) -> Iterator[list[tuple[int, int]]]:
+def _side_by_side(classes: list[int], extent: dict[int, int], owners: dict[int, set[int]]) -> list[frozenset[int]]:
+    """Groups of classes one grid axis may split side by side: two or more, each of one input
+    only, no two of the same input, all of one extent (the columns of X @ Wq and X @ Wk; the
+    symbolic search's `tiling._side_by_side` also pairs products' columns of different widths)."""
+    own = [c for c in classes if len(owners[c]) == 1]
+    groups = []
+    for n in range(2, len(own) + 1):
+        for group in combinations(own, n):
+            if len({extent[c] for c in group}) == 1 and len(set().union(*(owners[c] for c in group))) == n:
+                groups.append(frozenset(group))
+    return groups
+
+
+def _concrete_grids(classes: list[int], groups: list[frozenset[int]], extent: dict[int, int],
+                    ) -> Iterator[list[ConcreteAxis]]:
     """One block (an axis of size 1, as the symbolic search instantiates one), then 1 to 3 axes
     on distinct classes (in class order: permuted grids are the same schedule), each of a size
-    n / tile for Mirage's tiles."""
+    n / tile for Mirage's tiles; then the grids with side-by-side axes over `groups`."""
     if classes:
-        yield [(classes[0], 1)]
-    for n_axes in (1, 2, 3):
-        for chosen in combinations(classes, n_axes):
-            size_options = [[extent[c] // t for t in GRID_TILES if extent[c] % t == 0 and extent[c] > t] or [1]
-                            for c in chosen]
-            for sizes in _grid_product(size_options):
-                if n_axes > 1 or sizes != (1,) or chosen[0] != classes[0]:  # not the one block again
-                    yield list(zip(chosen, sizes, strict=True))
+        yield [(frozenset({classes[0]}), 1)]
+    singles = [frozenset({c}) for c in classes]
+    for options in (singles, singles + groups):
+        for n_axes in (1, 2, 3):
+            for chosen in combinations(options, n_axes):
+                if options is not singles and all(len(o) == 1 for o in chosen):
+                    continue  # listed with the singles already
+                if len(frozenset().union(*chosen)) < sum(map(len, chosen)):
+                    continue  # two axes over one class
+                size_options = [[extent[min(o)] // t for t in GRID_TILES if extent[min(o)] % t == 0 and
+                                 extent[min(o)] > t] or [1] for o in chosen]
+                for sizes in _grid_product(size_options):
+                    if n_axes > 1 or sizes != (1,) or chosen[0] != singles[0]:  # not the one block again
+                        yield list(zip(chosen, sizes, strict=True))
 
 
 def _grid_product(options: list[list[int]]) -> Iterator[tuple[int, ...]]:
@@ -747,8 +771,8 @@ def _grid_product(options: list[list[int]]) -> Iterator[tuple[int, ...]]:
             yield (head, *rest)
 
 
-def _tile(sp: InputSpec, axes: list[tuple[int, int]], loop: tuple[frozenset[int], int]) -> tuple[int, ...]:
-    split = dict(axes)
+def _tile(sp: InputSpec, axes: list[ConcreteAxis], loop: tuple[frozenset[int], int]) -> tuple[int, ...]:
+    split = {c: size for group, size in axes for c in group}
     return tuple(
         size // split.get(c, 1) // (loop[1] if c in loop[0] else 1) if c != -1 else size
         for size, c in zip(sp.shape, sp.classes, strict=True)

@@ -206,10 +206,11 @@ def _widest(options: list[frozenset[int]], room: int) -> list[tuple[frozenset[in
 
 def resolve_fixed(
     s: BlockState, inputs: Sequence[InputSpec], tensor_ids: Sequence[str], kid: str, index: int,
-    axes: Sequence[tuple[int, int]], loop: tuple[frozenset[int], int],
+    axes: Sequence[tuple[frozenset[int], int]], loop: tuple[frozenset[int], int],
 ) -> Resolved | None:
     """The one tiling that concrete (Mirage-style) search fixed before generating the block graph:
-    each grid axis (program dim class, size) and the loop (program dim classes, range)."""
+    each grid axis (program dim classes, side by side when more; size) and the loop (program dim
+    classes, range). An axis over one class of no output splits partial results."""
     an = _Analysis(s)
     roots = {r for dims in an.root_dims for r in dims if r != UNIT}
 
@@ -218,9 +219,10 @@ def resolve_fixed(
 
     letters = "xyz"
     fixed = []
-    for i, (pc, size) in enumerate(axes):
-        classes = block_classes(frozenset({pc}))
-        fixed.append(Axis(f"g{letters[i]}{index}", Size.const(size), classes, not (classes & an.in_all_outputs)))
+    for i, (pcs, size) in enumerate(axes):
+        classes = block_classes(pcs)
+        fixed.append(Axis(f"g{letters[i]}{index}", Size.const(size), classes,
+                          len(pcs) == 1 and not classes & an.in_all_outputs))
     loop_classes = block_classes(loop[0])
     return _tiling(s, inputs, tensor_ids, kid, index, fixed, loop_classes, loop[1], None, an.root_dims, an.outs,
                    an.status)
