@@ -715,7 +715,7 @@ def concrete_tilings(specs: Sequence[InputSpec]) -> Iterator[tuple[list[Concrete
                 extent[c] = size
                 owners.setdefault(c, set()).add(sp.tensor)
     classes = sorted(extent)
-    for axes in _concrete_grids(classes, _side_by_side(classes, extent, owners), extent):
+    for axes in _concrete_grids(classes, _concrete_groups(classes, extent, owners), extent):
         split = {c: size for group, size in axes for c in group}
         for n_loop in (0, 1, 2):
             for walked in combinations(classes, n_loop):
@@ -727,7 +727,7 @@ def concrete_tilings(specs: Sequence[InputSpec]) -> Iterator[tuple[list[Concrete
                         yield axes, (frozenset(walked), rng)
 
 
-def _side_by_side(classes: list[int], extent: dict[int, int], owners: dict[int, set[int]]) -> list[frozenset[int]]:
+def _concrete_groups(classes: list[int], extent: dict[int, int], owners: dict[int, set[int]]) -> list[frozenset[int]]:
     """Groups of classes one grid axis may split side by side: two or more, each of one input
     only, no two of the same input, all of one extent (the columns of X @ Wq and X @ Wk; the
     symbolic search's `tiling._side_by_side` also pairs products' columns of different widths)."""
