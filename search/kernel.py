@@ -279,30 +279,48 @@ class KernelSearch(Floors):
         return self._first_kernels[key]
 
     def program_split(self) -> list[SGraph]:
-        """Schedules of a program too large for one kernel, cut into consecutive parts (canonical
-        order) that each fit one: every part one graph kernel computing it as `Generator.program_graphs`
-        does the whole program, or one library kernel for an op no block graph has (a reshape, a
+        """Schedules of a program too large for one kernel, cut into consecutive parts that each
+        fit one: every part one graph kernel computing it as `Generator.program_graphs` does the
+        whole program, or one library kernel for an op no block graph has (a reshape, a
         transpose), grown part by part from the `SPLIT_KEEP` cheapest (`_spent`). A fused schedule
         at once, and a bound, where the one-kernel search may outlast any budget (a 12-op chain
         over two inputs) or cannot hold the program (heads split by a reshape in the middle: the
-        search reaches 3 kernels late). Empty when the program fits one kernel, or some part
-        cannot be cut."""
-        parts = self._program_parts()
-        if len(parts) < 2:
-            return []
-        states = [self.initial()]
-        for nodes in parts:
-            grown = [nxt for st in states for nxt in self._part_moves(st, nodes)]
-            states = sorted(grown, key=self._spent)[:SPLIT_KEEP]
-        return [sg for st in states if (sg := self._candidate(st)) is not None]
+        search reaches 3 kernels late). The ops are cut in two orders (`_split_orders`), each
+        giving its schedules. Empty when the program fits one kernel, or no order can be cut."""
+        found: dict[str, SGraph] = {}
+        for order in self._split_orders():
+            parts = self._program_parts(order)
+            if len(parts) < 2:
+                continue
+            states = [self.initial()]
+            for nodes in parts:
+                grown = [nxt for st in states for nxt in self._part_moves(st, nodes)]
+                states = sorted(grown, key=self._spent)[:SPLIT_KEEP]
+            for sg in (self._candidate(st) for st in states):
+                if sg is not None:
+                    found.setdefault(sg.dumps(), sg)
+        return list(found.values())
 
-    def _program_parts(self) -> list[list[Node]]:
-        """The program's ops cut greedily into consecutive runs of at most `max_block_ops` block
-        ops, at most `max_block_inputs` tensors read from outside and at most `Generator.max_outputs`
-        values read after them (or returned), each of which nothing in its own run reads (a block
-        graph writes its sinks), and an op no block graph has alone; one run when the program fits
-        one kernel, none when it cannot be cut."""
+    def _split_orders(self) -> list[list[Node]]:
+        """The program's ops as it lists them, and (when different) with each library op as early
+        as its operands allow: ordered by the number of library ops on the longest path to them,
+        the library ops of a level before its block ops. Block ops no library op separates then
+        fall into one run: the Q, K and V projections of one X before the heads are split, one
+        kernel side by side, where the listed order cuts a reshape between each two."""
         ops_ = [n for n in self.program.topological() if n.op not in ("input", "const")]
+        level: dict[str, int] = {}
+        for n in ops_:
+            level[n.id] = max((level.get(i, 0) for i in n.inputs), default=0) + (n.op not in self.space.block_ops)
+        index = {n.id: k for k, n in enumerate(ops_)}
+        leveled = sorted(ops_, key=lambda n: (level[n.id], n.op in self.space.block_ops, index[n.id]))
+        return [ops_] if leveled == ops_ else [ops_, leveled]
+
+    def _program_parts(self, ops_: list[Node]) -> list[list[Node]]:
+        """The ops (in a dependency order) cut greedily into consecutive runs of at most
+        `max_block_ops` block ops, at most `max_block_inputs` tensors read from outside and at most
+        `Generator.max_outputs` values read after them (or returned), each of which nothing in its
+        own run reads (a block graph writes its sinks), and an op no block graph has alone; one
+        run when the program fits one kernel, none when it cannot be cut."""
         parts: list[list[Node]] = []
         start = 0
         while start < len(ops_):
