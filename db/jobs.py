@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import select, update
-from sqlalchemy.orm import Session, joinedload
+from sqlalchemy import exists, or_, select, update
+from sqlalchemy.orm import Session, aliased, joinedload
 
 from superopt.canonical import input_names
 from superopt.config import SearchConfig
@@ -138,12 +138,20 @@ class JobQueue:
 
     # -- workers -------------------------------------------------------------------------------
     def claim(self, worker_id: str, only: Collection[int] | None = None) -> Claim | None:
-        """Take the oldest queued job (among `only`, if given), after returning expired ones to the queue."""
+        """Take the oldest queued job (among `only`, if given), after returning expired ones to the
+        queue. A job whose twin (same program, target and configuration) is running waits unless
+        it is forced: once the twin's winner is stored it is a cache hit, where two workers would
+        each search and the later store replace the earlier's winner."""
         if not self._claimable(only):
             return None  # an idle worker only reads: it never queues for the write lock
         with self.db.write() as s:
             self._requeue_expired(s)
-            q = select(Job).where(Job.state == JobState.queued.value).order_by(Job.id).limit(1)
+            twin = aliased(Job)
+            twin_running = exists().where(
+                twin.state == JobState.running.value, twin.workload_id == Job.workload_id, twin.target == Job.target,
+                twin.config_hash == Job.config_hash)
+            q = (select(Job).where(Job.state == JobState.queued.value, or_(Job.force, ~twin_running))
+                 .order_by(Job.id).limit(1))
             if only is not None:
                 q = q.where(Job.id.in_(list(only)))
             job = s.scalars(q.with_for_update(skip_locked=True)).first()

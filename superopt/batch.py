@@ -13,7 +13,6 @@ finishes at once as a cache hit, so re-running a batch only searches what is mis
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -24,6 +23,7 @@ from superopt.db.engine import Database
 from superopt.db.errors import RequestError
 from superopt.db.jobs import JobQueue, JobView
 from superopt.jobspec import JobRequest, parse_request
+from superopt.jsontext import JSONTextError, json_problem, parse_json
 from superopt.program import Program
 from superopt.worker import Optimize, Worker
 
@@ -39,7 +39,7 @@ def read_batch(path: Path, defaults: dict[str, Any] | None = None) -> list[Batch
     """Every job of a batch file, or the RequestError of its first bad line ("line 3: target: ...").
     `defaults` fill the options a line leaves out (the command line's --target, --budget-s)."""
     if not path.is_file():
-        raise RequestError(str(path), "no such file")
+        raise RequestError(str(path), "a directory, not a file" if path.is_dir() else "no such file")
     if defaults:  # the command line's options, named as such (not as some line's fields)
         try:
             parse_request({"program": "", **defaults})
@@ -48,16 +48,16 @@ def read_batch(path: Path, defaults: dict[str, Any] | None = None) -> list[Batch
     try:
         text = path.read_text(encoding="utf-8-sig")  # a byte-order mark is not part of line 1
     except UnicodeDecodeError as e:
-        raise RequestError(str(path), f"not UTF-8 text ({e.reason} at byte {e.start})") from None
+        raise RequestError(str(path), str(json_problem(e))) from None
     entries = []
     for n, raw in enumerate(text.splitlines(), start=1):
         text = raw.strip()
         if not text or text.startswith("#"):
             continue
         try:
-            data = json.loads(text) if text[0] in '{["' else text
-        except json.JSONDecodeError as e:
-            raise RequestError(f"line {n}", f"not valid JSON: {e}") from None
+            data = parse_json(text) if text[0] in '{["' else text
+        except JSONTextError as e:
+            raise RequestError(f"line {n}", str(e)) from None
         if not isinstance(data, dict) or "schema" in data:
             data = {"program": data}
         try:

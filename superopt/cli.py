@@ -14,7 +14,7 @@ from rich.console import Console
 from rich.table import Table
 
 from superopt import workloads
-from superopt.api import NoCandidate
+from superopt.api import NoCandidate, resolve_target
 from superopt.db.errors import RequestError, StoreError
 from superopt.instantiate import InstantiationError, instantiate, parse_params
 from superopt.loading import LoadError, kind_of, load_program, load_sgraph, read_json
@@ -127,7 +127,8 @@ def run(
     spec: Annotated[str, typer.Argument(help="built-in workload or program JSON file")],
     sgraph: Annotated[str, typer.Option(help="sGraph JSON file, or 'reference' / 'baseline'")] = "reference",
     params: Annotated[str, typer.Option(help="symbol values, e.g. gx=8,F=4")] = "",
-    target: Annotated[str, typer.Option(help="target whose limits the parameters must meet")] = "h100",
+    target: Annotated[str, typer.Option(help="target whose limits the parameters must meet (h100, h200, a100; "
+                                             "auto: the local GPU's, else h100)")] = "h100",
     seed: Annotated[int, typer.Option(min=0, max=2**32 - 1, help="seed of the random inputs")] = 0,
     as_json: Annotated[bool, typer.Option("--json")] = False,
 ) -> None:
@@ -138,7 +139,7 @@ def run(
     program = load_program(spec)
     sg = load_sgraph(sgraph, program, spec)
     check_matches(sg, program)
-    inst = instantiate(sg, parse_params(params), get_target(target))
+    inst = instantiate(sg, parse_params(params), resolve_target(target).target)
     inputs, refs = inputs_and_reference(program, seed)
     outs = run_float(inst, inputs)
     errs = [max_rel_err(o, r) for o, r in zip(outs, refs, strict=True)]
@@ -161,7 +162,8 @@ def verify(
     spec: Annotated[str, typer.Argument(help="built-in workload or program JSON file")],
     sgraph: Annotated[str, typer.Argument(help="sGraph JSON file, or 'reference' / 'baseline'")],
     params: Annotated[str, typer.Option(help="also check at the program's shapes with these values")] = "",
-    target: Annotated[str, typer.Option(help="target whose limits instantiations must meet")] = "h100",
+    target: Annotated[str, typer.Option(help="target whose limits instantiations must meet (h100, h200, a100; "
+                                             "auto: the local GPU's, else h100)")] = "h100",
     as_json: Annotated[bool, typer.Option("--json")] = False,
 ) -> None:
     """Prove an sGraph equal to a program: finite fields, e-graph proof, float check."""
@@ -169,7 +171,8 @@ def verify(
 
     program = load_program(spec)
     sg = load_sgraph(sgraph, program, spec)
-    verdict = run_verify(program, sg, target=get_target(target), params=parse_params(params) if params else None)
+    values = parse_params(params) if params else None
+    verdict = run_verify(program, sg, target=resolve_target(target).target, params=values)
     if as_json:
         emit_json(verdict.to_json())
     else:
@@ -632,7 +635,8 @@ def export(
     ] = None,
     params: Annotated[str, typer.Option(help="symbol values for --sgraph, e.g. gx=8,F=4 (default: the cost "
                                              "model's best)")] = "",
-    target: Annotated[str, typer.Option(help="target the kernels are generated for")] = "h100",
+    target: Annotated[str, typer.Option(help="target the kernels are generated for (h100, h200, a100; auto: "
+                                             "the local GPU, else h100)")] = "h100",
     as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
 ) -> None:
     """Write a program's best kernel(s) as one CUDA file, with launch parameters in its header."""
@@ -640,7 +644,7 @@ def export(
     from superopt.costmodel import best_params, estimate
 
     program = load_program(spec)
-    tgt = get_target(target)
+    tgt = resolve_target(target).target
     if sgraph is None:
         if params:
             raise LoadError("--params needs --sgraph (without it, the optimizer chooses the schedule)")

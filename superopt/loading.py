@@ -6,12 +6,12 @@ sGraph is a path to an sGraph JSON file, or `reference` / `baseline` for a built
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 from superopt import workloads
 from superopt.build import unfused_baseline
+from superopt.jsontext import JSONTextError, parse_json
 from superopt.program import Program, ProgramError
 from superopt.sgraph import SGraph, SGraphError
 
@@ -22,12 +22,14 @@ class LoadError(ValueError):
 
 def read_json(path: str | Path) -> Any:
     p = Path(path)
+    if p.is_dir():
+        raise LoadError(f"{p}: a directory, not a file")
     if not p.is_file():
         raise LoadError(f"no such file: {p}")
     try:
-        return json.loads(p.read_text())
-    except json.JSONDecodeError as e:
-        raise LoadError(f"{p}: not valid JSON: {e}") from None
+        return parse_json(p.read_bytes())
+    except JSONTextError as e:
+        raise LoadError(f"{p}: {e}") from None
 
 
 def load_program(spec: str) -> Program:

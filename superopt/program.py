@@ -20,6 +20,7 @@ from typing import Any
 
 from superopt import ops
 from superopt.dtypes import DTYPES
+from superopt.jsontext import JSONTextError, parse_json
 from superopt.ops import OpError
 from superopt.sizes import Size
 
@@ -213,9 +214,9 @@ class Program:
     @staticmethod
     def loads(text: str) -> Program:
         try:
-            data = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise ProgramError(f"not valid JSON: {e}") from None
+            data = parse_json(text)
+        except JSONTextError as e:
+            raise ProgramError(str(e)) from None
         return _load(data)
 
     def canonical_hash(self) -> str:

@@ -20,9 +20,11 @@ from collections.abc import Mapping
 from typing import Annotated, Any
 
 from fastapi import Depends, FastAPI, Query, Request
+from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import HTTPException, RequestValidationError
 from fastapi.responses import JSONResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 import superopt
@@ -31,6 +33,7 @@ from superopt.db.engine import Database
 from superopt.db.errors import Conflict, NotFound, RequestError
 from superopt.db.jobs import JobQueue
 from superopt.jobspec import JobRequest, request_error
+from superopt.jsontext import json_problem
 
 DEFAULT_MAX_BODY = 1 << 20  # 1 MiB: the largest built-in program JSON is a few KB
 
@@ -100,6 +103,15 @@ def create_app(db: Database, *, token: str | None = None, max_body_bytes: int = 
             return _answer(415, "content-type", f"content-type: expected application/json, got {kind or 'none'}")
         err = request_error(e.errors())
         return _answer(422, err.field, str(err))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _unparsed(request: Request, e: StarletteHTTPException) -> Any:
+        """FastAPI answers a body its JSON decoder fails on other than by a decode error (not
+        UTF-8, nested too deeply, an integer too long) with a bare 400; say what is wrong."""
+        problem = json_problem(e.__cause__) if e.__cause__ is not None else None
+        if e.status_code == 400 and problem is not None:
+            return _answer(422, "body", f"body: {problem}")
+        return await http_exception_handler(request, e)
 
     @app.exception_handler(RequestError)
     async def _bad_request(_request: Request, e: RequestError) -> JSONResponse:

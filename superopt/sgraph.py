@@ -28,6 +28,7 @@ from typing import Any, Literal
 
 from superopt import ops
 from superopt.dtypes import dtype as get_dtype
+from superopt.jsontext import JSONTextError, parse_json
 from superopt.object_cache import ObjectCache
 from superopt.ops import OpError, Shape
 from superopt.sizes import Size, SizeError, product, total
@@ -219,9 +220,10 @@ class SGraph:
     @staticmethod
     def loads(text: str) -> SGraph:
         try:
-            return _from_json(json.loads(text))
-        except json.JSONDecodeError as e:
-            raise SGraphError(f"not valid JSON: {e}") from None
+            data = parse_json(text)
+        except JSONTextError as e:
+            raise SGraphError(str(e)) from None
+        return _from_json(data)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -97,6 +97,8 @@ def test_a_bad_line_is_named_and_nothing_is_queued(tmp_path):
         json.dumps({"program": "gqa:ci", "budget_s": 0}): "line 3: budget_s: Input should be greater than 0",
         json.dumps({"program": "missing.json"}): "line 3: program: 'missing.json' is neither a built-in workload",
         "{not json": "line 3: not valid JSON",
+        '{"program": ' + "[" * 5000: "line 3: not valid JSON: nested too deeply",
+        '{"program": "gqa:ci", "max_states": ' + "9" * 5000 + "}": "line 3: not valid JSON: Exceeds the limit",
         "nope:ci": "line 3: program: 'nope:ci' is neither a built-in workload",
         json.dumps({"program": "lora:ci", "max_states": 10**20}): "line 3: max_states: Input should be less than",
     }

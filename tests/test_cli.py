@@ -71,6 +71,16 @@ def test_check_missing_file_and_bad_json(tmp_path):
     f.write_text("{")
     res = invoke("check", str(f))
     assert res.exit_code == 2 and "not valid JSON" in res.stderr
+    # The decoder's other failures: one line each too, not a traceback.
+    for text, message in ((b"[" * 200_000, "not valid JSON: nested too deeply"),
+                          (b"\xff\xfe{}", "not UTF-8 text (invalid start byte at byte 0)"),
+                          (b'{"shape": [' + b"9" * 5000 + b"]}", "not valid JSON: Exceeds the limit (4300 digits)")):
+        f.write_bytes(text)
+        for command in (["check", str(f)], ["verify", "gqa:ci", str(f)], ["optimize", str(f)]):
+            res = invoke(*command)
+            assert res.exit_code == 2 and f"{f}: {message}" in res.stderr and "Traceback" not in res.output, command
+    res = invoke("check", str(tmp_path))
+    assert res.exit_code == 2 and f"{tmp_path}: a directory, not a file" in res.stderr
 
 
 def test_run_reports_error_against_reference():
@@ -124,6 +134,15 @@ def test_unknown_target_is_one_clear_error_in_every_command(tmp_path):
         res = invoke(*args, "--target", "bogus")
         assert res.exit_code == 2, (args, res.output)
         assert "unknown target 'bogus'" in res.stderr and "Traceback" not in res.output, args
+
+
+def test_every_command_with_a_target_takes_auto(tmp_path):
+    """The error for an unknown target offers 'auto'; run, verify and export refused it. Without
+    a GPU, auto means the h100's limits, as it does for optimize."""
+    for args in (("run", "gqa:ci", "--params", "F=2,gx=2,gy=2,gz=2,hx=1,hy=4"), ("verify", "gqa:ci", "reference"),
+                 ("export", "gqa:ci", "--cuda", str(tmp_path / "x.cu"), "--sgraph", "reference")):
+        auto, h100 = invoke(*args, "--target", "auto"), invoke(*args, "--target", "h100")
+        assert auto.exit_code == 0 and auto.stdout.splitlines()[-1] == h100.stdout.splitlines()[-1], (args, auto.output)
 
 
 def test_optimize_checks_its_bounds_and_budgets_as_a_job_request_does():

@@ -134,6 +134,26 @@ def test_cache_hits_at_submit_and_at_claim_and_force(db):
     assert "input_names" not in claimed.result  # the same names: nothing to bind
 
 
+def test_a_job_waits_while_its_twin_runs_and_is_then_a_cache_hit(db):
+    """Two workers used to search identical jobs at once, the later store replacing the earlier
+    winner (whose job then named a kernel no longer cached). A job whose twin (same program,
+    target and configuration) is running now waits; other jobs, and forced ones, go ahead."""
+    queue = JobQueue(db)
+    program = workloads.resolve("lora:ci")
+    first, twin = queue.submit(program, target="h100"), queue.submit(program, target="h100")
+    other = queue.submit(workloads.resolve("ntrans:ci"), target="h100")
+    forced = queue.submit(program, target="h100", force=True)
+    claims = [queue.claim(f"w{i}") for i in range(3)]
+    assert [c.job_id for c in claims] == [first.id, other.id, forced.id]
+    assert queue.claim("w3") is None and queue.get(twin.id).state is JobState.queued
+    for c in claims:
+        queue.finish(c, optimize(c.program, target="h100"))
+    answered = run_one(Worker(db, optimize=optimize))
+    assert answered.id == twin.id and answered.cache_hit
+    assert answered.result["kernel_id"] == queue.get(forced.id).result["kernel_id"]  # the newest winner
+    assert count(db, Winner) == 2
+
+
 def test_a_hit_for_a_program_with_other_input_names_says_how_they_bind(db):
     """One canonical hash, inputs named the other way round: the job answered from the cache
     says which of the cached kernel's inputs is which of its own."""

@@ -106,6 +106,9 @@ def _chunks():
 BAD = [
     # (name, method, path, httpx keyword arguments, status, field, text in the detail)
     ("not json", "POST", "/jobs", {"content": b"{bad", "headers": {"content-type": "application/json"}}, 422, "body", "not valid JSON"),
+    ("nested too deeply", "POST", "/jobs", {"content": b'{"program":' + b"[" * 4000 + b"]" * 4000 + b"}", "headers": {"content-type": "application/json"}}, 422, "body", "nested too deeply"),
+    ("not utf-8", "POST", "/jobs", {"content": b'{"program":"\xff\xfe"}', "headers": {"content-type": "application/json"}}, 422, "body", "not UTF-8 text"),
+    ("integer too long", "POST", "/jobs", {"content": b'{"program":"gqa:ci","max_states":' + b"9" * 5000 + b"}", "headers": {"content-type": "application/json"}}, 422, "body", "digits"),
     ("a list", "POST", "/jobs", {"json": [1, 2]}, 422, "body", "dictionary"),
     ("no program", "POST", "/jobs", {"json": {"target": "h100"}}, 422, "program", "required"),
     ("program a number", "POST", "/jobs", {"json": {"program": 3}}, 422, "program", "got int"),
