@@ -25,7 +25,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session, joinedload
 
 import superopt
-from superopt.config import SearchConfig
+from superopt.config import DEFAULT_BUDGET_S, SearchConfig
 from superopt.db.engine import Database
 from superopt.db.errors import CacheIntegrityWarning, NotFound, stored_id
 from superopt.db.keys import CacheKey, signature
@@ -77,13 +77,18 @@ class KernelCache:
     def __init__(self, db: Database) -> None:
         self.db = db
 
-    def lookup(self, program: Program, target_fingerprint: str, config: SearchConfig | None = None) -> Result | None:
-        hit = self.hit(CacheKey.of(program, target_fingerprint, config))
+    def lookup(self, program: Program, target_fingerprint: str, config: SearchConfig | None = None, *,
+               budget_s: float | None = DEFAULT_BUDGET_S, max_states: int | None = None) -> Result | None:
+        """The cached answer for a search of `program` with these limits (see `hit_in`; by default
+        `optimize`'s), bound to its input names."""
+        hit = self.hit(CacheKey.of(program, target_fingerprint, config), budget_s=budget_s, max_states=max_states)
         return hit.result.bound_to(program) if hit else None
 
-    def hit(self, key: CacheKey) -> Hit | None:
+    def hit(
+        self, key: CacheKey, *, budget_s: float | None = DEFAULT_BUDGET_S, max_states: int | None = None,
+    ) -> Hit | None:
         with self.db.read() as s:
-            return hit_in(s, key)
+            return hit_in(s, key, budget_s=budget_s, max_states=max_states)
 
     def store(self, result: Result, config: SearchConfig | None = None) -> dict[str, Any]:
         """Record a search done outside the queue (e.g. `superopt optimize`) as a finished job with
@@ -160,7 +165,9 @@ class KernelCache:
 # -- inside a transaction -----------------------------------------------------------------------
 
 
-def hit_in(s: Session, key: CacheKey) -> Hit | None:
+def hit_in(s: Session, key: CacheKey, *, budget_s: float | None, max_states: int | None) -> Hit | None:
+    """The winner stored for `key`, when it answers a search with these limits: one that a
+    smaller budget cut short does not (`SearchStats.answers`); that search is then run."""
     q = (
         _entries_query()
         .where(Workload.program_hash == key.program_hash, Workload.shapes == key.shapes)
@@ -168,7 +175,8 @@ def hit_in(s: Session, key: CacheKey) -> Hit | None:
         .where(Winner.config_hash == key.config_hash, Winner.version == key.version)
     )
     w = s.scalars(q).unique().first()
-    return _load(s, w) if w is not None else None
+    hit = _load(s, w) if w is not None else None
+    return hit if hit is not None and hit.result.search.answers(budget_s, max_states) else None
 
 
 def workload_in(s: Session, program: Program) -> Workload:
@@ -225,20 +233,23 @@ def store_in(s: Session, job: Job, result: Result) -> dict[str, Any]:
     for i, c in enumerate(result.candidates):
         row(c, i)
     best_id, baseline_id = row(result.best, None), row(result.baseline, None)
-    cached = bool(result.best.verdict and result.best.verdict.proved)
-    if cached:
+    cached = False
+    if result.best.verdict and result.best.verdict.proved:
         values = {
             "workload_id": job.workload_id, "target_id": target.id, "config_hash": job.config_hash,
             "version": superopt.__version__, "job_id": job.id, "candidate_id": best_id, "baseline_id": baseline_id,
             "time_us": result.best.time_us, "created_at": utcnow(),
         }
         stmt = _insert(s, Winner).values(**values)
-        # The newest proved search for a key is its answer: same program, target, config and version.
+        # A key (program, target, config and version) is answered by its fastest proved winner, the
+        # newest of equals: a search cut short by a smaller budget (--force --max-states 1) does
+        # not replace a faster one.
         stmt = stmt.on_conflict_do_update(
             index_elements=["workload_id", "target_id", "config_hash", "version"],
             set_={k: stmt.excluded[k] for k in ("job_id", "candidate_id", "baseline_id", "time_us", "created_at")},
+            where=Winner.time_us >= stmt.excluded.time_us,
         )
-        s.execute(stmt)
+        cached = s.execute(stmt.returning(Winner.id)).first() is not None  # no row: the faster one stayed
     return summarize(result, fp, best_id, baseline_id, cached=cached)
 
 

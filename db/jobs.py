@@ -23,7 +23,7 @@ from sqlalchemy import exists, or_, select, update
 from sqlalchemy.orm import Session, aliased, joinedload
 
 from superopt.canonical import input_names
-from superopt.config import SearchConfig
+from superopt.config import DEFAULT_BUDGET_S, SearchConfig
 from superopt.db.cache import Hit, hit_in, progress_of, store_in, workload_in
 from superopt.db.engine import Database
 from superopt.db.errors import Conflict, NotFound, stored_id
@@ -97,7 +97,8 @@ class JobQueue:
     # -- front ends ----------------------------------------------------------------------------
     def submit(
         self, program: Program, *, target: str = "auto", config: SearchConfig | None = None,
-        budget_s: float | None = None, max_states: int | None = None, force: bool = False, max_attempts: int = 3,
+        budget_s: float | None = DEFAULT_BUDGET_S, max_states: int | None = None, force: bool = False,
+        max_attempts: int = 3,
     ) -> JobView:
         """Queue a job; one for a named target whose answer is cached finishes at once (unless `force`).
         An "auto" target is resolved by the worker that claims it, which checks the cache then."""
@@ -105,7 +106,8 @@ class JobQueue:
         hit = None
         if not force and target != "auto":
             with self.db.read() as s:
-                hit = hit_in(s, CacheKey.of(program, fingerprint(costmodel_target(target)), config))
+                key = CacheKey.of(program, fingerprint(costmodel_target(target)), config)
+                hit = hit_in(s, key, budget_s=budget_s, max_states=max_states)
         with self.db.write() as s:
             job = Job(
                 workload_id=workload_in(s, program).id, program_json=json.dumps(program.to_json()), target=target,

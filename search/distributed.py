@@ -21,11 +21,13 @@ estimate (few program ops and inputs) runs in-process: starting Ray costs second
 from __future__ import annotations
 
 import os
+import socket
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from superopt.api import ClusterUnreachable
 from superopt.config import SearchConfig
 from superopt.program import Program
 from superopt.result import SearchStats
@@ -36,6 +38,7 @@ from superopt.targets import Target
 SMALL_JOB = 6  # block ops x program inputs at or below which Ray is not worth starting
 PARTS_PER_WORKER = 2  # a first kernel's block graphs in parts per worker, taken as workers free up (parts are uneven)
 IN_FLIGHT_PER_WORKER = 2  # shards submitted ahead per worker: one running, one queued
+CONNECT_TIMEOUT_S = 5.0  # to reach a Ray cluster's address before handing it to ray.init
 FAULT_KILL_ONCE = "SUPEROPT_FAULT_KILL_ONCE"  # test equipment: a file path; see _maybe_die
 
 
@@ -97,10 +100,25 @@ def _ray(workers: int, address: str | None) -> Any:
 
     if not ray.is_initialized():
         if address:
+            _reachable(address)  # before ray.init, which retries for minutes
             ray.init(address=address, log_to_driver=False)
         else:
             ray.init(num_cpus=workers, include_dashboard=False, log_to_driver=False)
     return ray
+
+
+def _reachable(address: str) -> None:
+    """Refuse at once a HOST:PORT that nothing answers: `ray.init` retries it for minutes, its
+    own log lines the only sign ('auto' and ray:// addresses are Ray's to resolve)."""
+    if address == "auto" or "://" in address:
+        return
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit():
+        raise ClusterUnreachable(f"ray address {address!r}: expected HOST:PORT, 'auto' or ray://HOST:PORT")
+    try:
+        socket.create_connection((host, int(port)), timeout=CONNECT_TIMEOUT_S).close()
+    except OSError as e:
+        raise ClusterUnreachable(f"ray address {address}: no Ray cluster answers there ({e.strerror or e})") from None
 
 
 def _describe(shard: Shard) -> str:

@@ -263,8 +263,20 @@ class Searcher:
                 take(sg)
             held.clear()
 
+        outer = ks.on_state
+
+        def on_state(k: KernelSearch) -> None:
+            # Past the holding states the held are proved at once, not at the next candidate: a
+            # block space may yield none for the rest of the budget (qknorm_gqa:ci's first kernel
+            # held its winner from state 300 and proved it only when 8 s were up).
+            if held and k.total_states - states0 >= shard.hold_states:
+                prove_held()
+            if outer is not None:
+                outer(k)
+
         exhausted = False
         try:
+            ks.on_state = on_state
             if shard.walk:
                 bodies = ks.body_part(shard.choice, shard.part)
                 return ShardResult(shard, [], [], ks.total_states - states0, ks.total_pruned - pruned0, False,
@@ -285,7 +297,7 @@ class Searcher:
         except BudgetExhausted:
             exhausted, firsts = True, []
         finally:
-            ks.bound_s = float("inf")
+            ks.bound_s, ks.on_state = float("inf"), outer
         shard = replace(shard, bodies=None, firsts=None, held=())  # the driver has them: not sent back
         return ShardResult(shard, verified, rejected, ks.total_states - states0, ks.total_pruned - pruned0, exhausted,
                            dominated, deferred, ks.bounded - bounded0, firsts=firsts, held=held)

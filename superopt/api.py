@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from superopt import costmodel
-from superopt.config import SearchConfig
+from superopt.config import DEFAULT_BUDGET_S, SearchConfig
 from superopt.program import Program
 from superopt.result import Candidate, Result, SearchStats, Verdict
 from superopt.sgraph import SGraph
@@ -31,6 +31,10 @@ REUSE_VERIFY = 5  # kept sGraphs re-verified at a new shape (the best by the cos
 
 class NoCandidate(ValueError):
     """The search found nothing it could prove (not even the baseline): the message says why."""
+
+
+class ClusterUnreachable(ConnectionError):
+    """No Ray cluster answers at the address a search was given."""
 
 
 @dataclass(frozen=True)
@@ -59,7 +63,7 @@ def optimize(
     program: Program,
     *,
     target: str = "auto",
-    budget_s: float | None = 300.0,
+    budget_s: float | None = DEFAULT_BUDGET_S,
     max_states: int | None = None,
     config: SearchConfig | None = None,
     force: bool = False,
@@ -72,10 +76,15 @@ def optimize(
 ) -> Result:
     """Find, prove and time the fastest schedule of `program` within the search bounds.
 
-    `force` searches even when the cache has an answer; `cache=False` neither reads nor writes the
-    cache (the job worker stores results itself); `reuse=False` ignores sGraphs kept from searches
-    of the same program at other shapes. `workers`/`ray_address` distribute the search on Ray."""
+    `force` searches even when the cache has an answer, or sGraphs kept from searches of the same
+    program at other shapes could stand for one (shape reuse); `cache=False` neither reads nor
+    writes the kernel cache (the job worker stores results itself); `reuse=False` neither reads
+    nor keeps those sGraphs. `workers`/`ray_address` distribute the search on Ray."""
     program.validate()
+    if budget_s is not None and not budget_s > 0:
+        raise ValueError(f"budget_s: must be greater than 0 (or None: no time limit), got {budget_s}")
+    if max_states is not None and max_states < 1:
+        raise ValueError(f"max_states: must be at least 1 (or None: no limit), got {max_states}")
     config = config or SearchConfig()
     choice = resolve_target(target)
     kernel_cache = None
@@ -85,13 +94,14 @@ def optimize(
 
         kernel_cache = KernelCache(open_database(db))
         if not force:
-            hit = kernel_cache.lookup(program, choice.fingerprint, config)
+            hit = kernel_cache.lookup(program, choice.fingerprint, config, budget_s=budget_s, max_states=max_states)
             if hit is not None:
                 if hit.best.cuda is None:  # bound to this program's input names
                     _attach_cuda(hit.best, choice.target)
                 return hit
     _check_defined(program)
-    outcome = _verified_sgraphs(program, choice, config, budget_s, max_states, progress, reuse, workers, ray_address)
+    outcome = _verified_sgraphs(program, choice, config, budget_s, max_states, progress, reuse, force, workers,
+                                ray_address)
     result = _result(program, choice, outcome)
     if kernel_cache is not None:
         kernel_cache.store(result, config)
@@ -114,7 +124,8 @@ def _check_defined(program: Program) -> None:
 
 def _verified_sgraphs(
     program: Program, choice: TargetChoice, config: SearchConfig, budget_s: float | None,
-    max_states: int | None, progress: Progress | None, reuse: bool, workers: int | None, ray_address: str | None,
+    max_states: int | None, progress: Progress | None, reuse: bool, force: bool, workers: int | None,
+    ray_address: str | None,
 ) -> Any:
     from superopt.search.driver import CONTENDERS, Outcome, Verified, run_search
     from superopt.search.instantiation import rank
@@ -122,7 +133,7 @@ def _verified_sgraphs(
     from superopt.verifier.verify import verify
 
     store = SGraphStore()
-    if reuse:
+    if reuse and not force:
         kept = store.load(program, config)
         if kept:
             # Rank every kept sGraph at the new shape (cost model only), then re-verify the leaders
@@ -159,7 +170,8 @@ def _verified_sgraphs(
     else:
         outcome = run_search(program, choice.target, config, budget_s=budget_s, max_states=max_states,
                              progress=progress, contenders=contenders)
-    if outcome.verified:
+    outcome.stats.budget_s, outcome.stats.max_states = budget_s, max_states
+    if reuse and outcome.verified:
         kept = [v.sgraph for v in outcome.verified] + outcome.dominated  # reuse re-verifies what it takes
         store.save(program, config, kept, outcome.stats.to_json())
     return outcome
@@ -202,8 +214,10 @@ def _result(program: Program, choice: TargetChoice, outcome: Any) -> Result:
         c = _candidate(v.sgraph, v.best.params, v.best.estimate, v.verdict)
         candidates.append(c)
         if winner is None:
-            # The returned kernel itself: checked again at the program's real shapes and parameters.
-            final = verify_at(program, v.sgraph, v.best.params, v.verdict, target=t)
+            # The returned kernel itself: checked again at the program's real shapes and parameters,
+            # unless it is the program's own ops, one library kernel each: that would check the
+            # program against itself (a 4096-square matmul: 100 s of float64 and field products).
+            final = v.verdict if v is baseline else verify_at(program, v.sgraph, v.best.params, v.verdict, target=t)
             if final.proved:
                 c.verdict = final
                 winner = c

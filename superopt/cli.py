@@ -14,7 +14,8 @@ from rich.console import Console
 from rich.table import Table
 
 from superopt import workloads
-from superopt.api import NoCandidate, resolve_target
+from superopt.api import ClusterUnreachable, NoCandidate, resolve_target
+from superopt.config import DEFAULT_BUDGET_S
 from superopt.db.errors import RequestError, StoreError
 from superopt.instantiate import InstantiationError, instantiate, parse_params
 from superopt.loading import LoadError, kind_of, load_program, load_sgraph, read_json
@@ -35,7 +36,7 @@ err = Console(stderr=True, highlight=False, soft_wrap=True, width=_WIDTH)
 
 USER_ERRORS: tuple[type[Exception], ...] = (
     ProgramError, SGraphError, InstantiationError, LoadError, OpError, SizeError, StoreError, RequestError,
-    NoCandidate, UnsupportedProgram, TargetError,
+    NoCandidate, UnsupportedProgram, TargetError, ClusterUnreachable,
 )
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -196,14 +197,17 @@ def verify(
 def optimize(
     spec: Annotated[str, typer.Argument(help="built-in workload or program JSON file")],
     target: Annotated[str, typer.Option(help="h100 | h200 | a100 | auto (the local GPU, else h100)")] = "auto",
-    budget_s: Annotated[float, typer.Option("--budget-s", help="search time budget (anytime: best so far)")] = 300.0,
+    budget_s: Annotated[float, typer.Option("--budget-s", help="search time budget (anytime: best so far)")] = (
+        DEFAULT_BUDGET_S),
     max_states: Annotated[int | None, typer.Option("--max-states", help="search state budget")] = None,
     concrete: Annotated[bool, typer.Option(help="enumerate concrete grid/loop sizes and maps (Mirage-style)")] = False,
     max_kernel_ops: Annotated[int, typer.Option(help="kernels per kernel graph")] = 5,
     max_block_ops: Annotated[int, typer.Option(help="compute ops per block graph")] = 11,
     max_block_inputs: Annotated[int, typer.Option(help="inputs per block graph")] = 4,
-    force: Annotated[bool, typer.Option(help="search even when the kernel cache has an answer")] = False,
-    no_cache: Annotated[bool, typer.Option("--no-cache", help="neither read nor write the kernel cache")] = False,
+    force: Annotated[bool, typer.Option(help="search even when the kernel cache, or sGraphs kept from other "
+                                            "shapes, have an answer")] = False,
+    no_cache: Annotated[bool, typer.Option("--no-cache", help="neither read nor write the kernel cache, nor the "
+                                                              "sGraphs kept for other shapes")] = False,
     db: Annotated[str | None, typer.Option(help="database URL (default: SUPEROPT_DB_URL or the SQLite cache)")] = None,
     workers: Annotated[int | None, typer.Option(min=1, help="Ray workers (default: in-process)")] = None,
     ray_address: Annotated[str | None, typer.Option(help="join a running Ray cluster")] = None,
@@ -220,8 +224,8 @@ def optimize(
                             "config": bounds}).search_config()
     with _progress_line(quiet=False) as progress:
         result = run_optimize(program, target=target, budget_s=budget_s, max_states=max_states, config=config,
-                              force=force, cache=not no_cache, db=db, progress=progress, workers=workers,
-                              ray_address=ray_address)
+                              force=force, cache=not no_cache, reuse=not no_cache, db=db, progress=progress,
+                              workers=workers, ray_address=ray_address)
     if as_json:
         emit_json(result.report())
         return
@@ -233,6 +237,7 @@ def _progress_line(quiet: bool) -> Any:
     from contextlib import contextmanager
 
     from rich.live import Live
+    from rich.text import Text
 
     @contextmanager
     def line() -> Any:
@@ -242,8 +247,8 @@ def _progress_line(quiet: bool) -> Any:
         with Live(console=err, refresh_per_second=4, transient=True) as live:
             def update(p: dict[str, Any]) -> None:
                 best = f"{p['best_time_us']:.2f} us" if p.get("best_time_us") else "-"
-                live.update(f"[{p['phase']}] {p['seconds']:.1f}s  states {p['states']}  pruned {p['pruned']}  "
-                            f"verified {p['verified']}  best {best}")
+                live.update(Text(f"[{p['phase']}] {p['seconds']:.1f}s  states {p['states']}  pruned {p['pruned']}  "
+                                 f"verified {p['verified']}  best {best}"))  # not markup: [phase] is text
             yield update
 
     return line()
@@ -256,6 +261,11 @@ def _searched(depth: int) -> str:
         return "no kernel count was searched completely"
     counted = "1 kernel" if depth == 1 else f"up to {depth} kernels"
     return f"every schedule of {counted} was searched, deeper ones in part"
+
+
+def _two_places(x: float) -> str:
+    """Two decimals, or two significant digits below 0.1 (a small program's floor is not 0.00)."""
+    return f"{x:.2f}" if x == 0 or abs(x) >= 0.1 else f"{x:.2g}"
 
 
 def _summary(result: Any) -> None:
@@ -277,9 +287,9 @@ def _summary(result: Any) -> None:
     table = Table("", "time (us)", "kernels", "DRAM (MB)", "x floor DRAM")
     floor_mb = result.floor_dram_bytes / 1e6
     for label, c in (("best", best), ("unfused baseline", result.baseline)):
-        table.add_row(label, f"{c.time_us:.2f} ({c.time_source})", str(c.kernels), f"{c.dram_bytes / 1e6:.2f}",
-                      f"{c.dram_bytes / result.floor_dram_bytes:.2f}")
-    table.add_row("physical floor", f"{result.floor_time_us:.2f}", "", f"{floor_mb:.2f}", "1.00")
+        table.add_row(label, f"{_two_places(c.time_us)} ({c.time_source})", str(c.kernels),
+                      _two_places(c.dram_bytes / 1e6), f"{c.dram_bytes / result.floor_dram_bytes:.2f}")
+    table.add_row("physical floor", _two_places(result.floor_time_us), "", _two_places(floor_mb), "1.00")
     out.print(table)
     out.print(f"speedup over the unfused baseline: {result.speedup:.2f}x on {result.target}"
               f"{' (measured)' if result.measured else ' (estimated by the cost model)'}", markup=False)

@@ -12,6 +12,7 @@ import json
 from dataclasses import asdict, dataclass
 
 SPACE_VERSION = 1  # bump when the enumeration rules change what a configuration covers
+DEFAULT_BUDGET_S = 300.0  # seconds a search may take unless told otherwise (`optimize`, a job)
 
 
 @dataclass(frozen=True)

@@ -151,6 +151,8 @@ def parse_params(text: str) -> dict[str, int]:
         name, sep, value = part.partition("=")
         if not sep or not name.strip():
             raise InstantiationError(f"bad parameter {part!r}; expected name=value")
+        if name.strip() in out:
+            raise InstantiationError(f"parameter {name.strip()} is given twice")
         try:
             out[name.strip()] = int(value)
         except ValueError:

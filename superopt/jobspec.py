@@ -16,7 +16,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from superopt import workloads
-from superopt.config import SearchConfig
+from superopt.config import DEFAULT_BUDGET_S, SearchConfig
 from superopt.db.errors import RequestError
 from superopt.db.jobs import JobQueue, JobView
 from superopt.loading import LoadError, load_program
@@ -48,8 +48,8 @@ class JobRequest(BaseModel):
     model_config = _STRICT
     program: Any = Field(description="program JSON (superopt.program/1) or a built-in workload name")
     target: str = Field("auto", description=f"auto, or one of {', '.join(TARGETS)}")
-    budget_s: float | None = Field(None, gt=0, le=7 * 24 * 3600, allow_inf_nan=False,
-                                   description="search time budget in seconds")
+    budget_s: float | None = Field(DEFAULT_BUDGET_S, gt=0, le=7 * 24 * 3600, allow_inf_nan=False,
+                                   description="search time budget in seconds (null: none)")
     max_states: int | None = Field(None, gt=0, le=MAX_STATES, description="search state budget")
     force: bool = Field(False, description="search even when the cache has the answer")
     config: ConfigSpec | None = None

@@ -25,7 +25,7 @@ def read_json(path: str | Path) -> Any:
     if p.is_dir():
         raise LoadError(f"{p}: a directory, not a file")
     if not p.is_file():
-        raise LoadError(f"no such file: {p}")
+        raise LoadError(f"{p}: not a regular file" if p.exists() else f"no such file: {p}")
     try:
         return parse_json(p.read_bytes())
     except JSONTextError as e:

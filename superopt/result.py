@@ -159,9 +159,23 @@ class SearchStats:
     peak_rss_mib: float = 0.0
     workers: int = 1
     executor: str = "in-process"
+    budget_s: float | None = None  # the limits the search ran under (None: none)
+    max_states: int | None = None
 
     def to_json(self) -> dict[str, Any]:
         return dict(self.__dict__)
+
+    def answers(self, budget_s: float | None, max_states: int | None) -> bool:
+        """Whether this search's winner answers a search with these limits: one that finished
+        does; one its limits cut short only for limits no larger (a larger budget may find a
+        faster schedule). Limits not recorded (older caches) are taken to be no smaller."""
+        if not self.budget_exhausted:
+            return True
+
+        def within(asked: float | None, ran: float | None) -> bool:
+            return ran is None or (asked is not None and asked <= ran)
+
+        return within(budget_s, self.budget_s) and within(max_states, self.max_states)
 
 
 @dataclass

@@ -144,7 +144,8 @@ class Worker:
     def _run(self, claim: Claim) -> JobView | None:
         fingerprint = resolve_fingerprint(claim.target)
         if not claim.force:
-            hit = self.cache.hit(CacheKey.of(claim.program, fingerprint, claim.config))
+            hit = self.cache.hit(CacheKey.of(claim.program, fingerprint, claim.config), budget_s=claim.budget_s,
+                                 max_states=claim.max_states)
             if hit is not None:
                 return self.queue.finish_cached(claim, hit)
         beat = _Heartbeat(self.queue, claim, self.heartbeat_s)
@@ -161,7 +162,7 @@ class Worker:
         try:
             result = self.optimize(
                 claim.program, target=claim.target, budget_s=claim.budget_s, max_states=claim.max_states,
-                config=claim.config, force=True, progress=progress, **extra,
+                config=claim.config, force=claim.force, progress=progress, **extra,
             )
         finally:
             beat.stop()

@@ -136,6 +136,15 @@ def test_unknown_target_is_one_clear_error_in_every_command(tmp_path):
         assert "unknown target 'bogus'" in res.stderr and "Traceback" not in res.output, args
 
 
+def test_an_unreachable_ray_address_is_one_clear_error():
+    """`--ray-address` to a port nothing listens on hung in ray.init for minutes, Ray's own log
+    lines the only output."""
+    for address, message in (("127.0.0.1:1", "ray address 127.0.0.1:1: no Ray cluster answers there"),
+                             ("no-port", "ray address 'no-port': expected HOST:PORT")):
+        res = invoke("optimize", "lora:ci", "--target", "h100", "--no-cache", "--ray-address", address)
+        assert res.exit_code == 2 and message in res.stderr and "Traceback" not in res.output, res.output
+
+
 def test_every_command_with_a_target_takes_auto(tmp_path):
     """The error for an unknown target offers 'auto'; run, verify and export refused it. Without
     a GPU, auto means the h100's limits, as it does for optimize."""

@@ -42,6 +42,28 @@ def count(db, model) -> int:
         return s.scalar(select(func.count()).select_from(model))
 
 
+def test_a_cut_short_winner_answers_no_larger_limits_and_a_faster_winner_stays(db):
+    """A search cut short by its budget was cached and served to any later search, however
+    large its budget, and a forced search cut shorter (--max-states 1: the unfused baseline)
+    replaced a faster winner."""
+    cache = KernelCache(db)
+    program = workloads.resolve("gqa:ci")
+    cut = standin_result(program)
+    cut.search.budget_exhausted, cut.search.budget_s, cut.search.max_states = True, 10.0, None
+    assert cache.store(cut)["cached"]
+    assert cache.lookup(program, H100, budget_s=10) is not None
+    assert cache.lookup(program, H100, budget_s=5, max_states=100) is not None  # cut no later
+    assert cache.lookup(program, H100, budget_s=60) is None  # may find a faster one
+    assert cache.lookup(program, H100, budget_s=None) is None
+    slower = standin_result(program)
+    slower.best.time_us *= 2
+    assert not cache.store(slower)["cached"]
+    assert cache.lookup(program, H100, budget_s=10).best.time_us == cut.best.time_us
+    finished = standin_result(program)  # as fast, and complete: the newest of equals answers
+    assert cache.store(finished)["cached"] and count(db, Winner) == 1
+    assert cache.lookup(program, H100, budget_s=None) is not None
+
+
 def test_store_lookup_round_trip(db):
     cache = KernelCache(db)
     program = workloads.resolve("gqa:ci")

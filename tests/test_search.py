@@ -793,7 +793,8 @@ def test_the_split_moves_library_ops_early_so_independent_projections_share_a_ke
     ops, a reshape and a transpose fall between every two projections: five graph kernels (19.7 us
     at X (64, 256) on the cost model). With each library op as early as its operands allow
     (`_split_orders`), the projections come first and Q and K share one kernel side by side
-    (three inputs: V's weight would be a fourth), the scale joins the attention: four (12.9 us)."""
+    (a block graph writes at most two values: V would be a third), the scale joins the
+    attention: four (12.9 us)."""
     p = _attention_block(16, 64, 2)
     ks = KernelSearch(p, space_of(p), Oracle(p), SearchConfig(), target=h100)
     listed, leveled = ks._split_orders()
@@ -964,6 +965,22 @@ def test_a_single_matmul_gets_an_answer_not_an_error():
     assert result.best.time_us <= result.baseline.time_us
 
 
+def test_an_unfused_winner_is_not_checked_again_at_the_real_shapes(monkeypatch):
+    """The unfused baseline is the program's own ops: checking it at the real shapes checked the
+    program against itself, in float64 and field products (a 4096-square matmul: 100 s after a
+    0.02 s search). A fused winner still is (`test_shape_reuse_searches_again_when_...`)."""
+    from superopt.verifier import verify as verifier
+
+    checked: list[str] = []
+    verify_at = verifier.verify_at
+    monkeypatch.setattr(verifier, "verify_at", lambda p, sg, *a, **k: checked.append(sg.name) or verify_at(p, sg, *a, **k))
+    p = Program("mm")
+    x, w = p.input("X", (2048, 2048), "f16"), p.input("W", (2048, 2048), "f16")
+    p.output(x @ w)
+    result = optimize(p, target="h100", budget_s=60, cache=False, reuse=False)
+    assert result.best.sgraph.name.endswith(".unfused") and result.best.verdict.proved and checked == []
+
+
 def test_shape_reuse_reinstantiates_without_searching():
     w = workloads.get("rmsnorm_matmul")
     first = optimize(w.build(n=4, d=64, e=48), target="h100", budget_s=60, cache=False)
@@ -973,6 +990,30 @@ def test_shape_reuse_reinstantiates_without_searching():
     assert second.best.verdict.proved
     same_structure = [(k.kind, getattr(k, "op", None)) for k in first.best.sgraph.kernels]
     assert [(k.kind, getattr(k, "op", None)) for k in second.best.sgraph.kernels] == same_structure
+    forced = optimize(w.build(n=8, d=32, e=24), target="h100", budget_s=60, cache=False, force=True)
+    assert not forced.search.reused and forced.search.states > 0  # --force searches again
+
+
+def test_the_api_refuses_the_limits_the_command_line_refuses():
+    """optimize(budget_s=-1) and optimize(max_states=0) returned the unfused baseline."""
+    p = workloads.resolve("ntrans:ci")
+    for limits, message in (({"budget_s": -1}, "budget_s: must be greater than 0"),
+                            ({"budget_s": float("nan")}, "budget_s: must be greater than 0"),
+                            ({"max_states": 0}, "max_states: must be at least 1")):
+        with pytest.raises(ValueError, match=message):
+            optimize(p, target="h100", cache=False, **limits)
+
+
+def test_no_cache_neither_reads_nor_keeps_the_sgraphs_of_other_shapes(tmp_path, monkeypatch):
+    """`--no-cache` kept the searched sGraphs for shape reuse, and the next `--no-cache` run took
+    them instead of searching ("re-instantiated from an earlier search" at the same shape)."""
+    monkeypatch.setenv("SUPEROPT_CACHE_DIR", str(tmp_path))
+    for _ in range(2):
+        res = CliRunner().invoke(app, ["optimize", "ntrans:ci", "--target", "h100", "--json", "--no-cache"])
+        assert res.exit_code == 0, res.output
+        search = json.loads(res.stdout)["search"]
+        assert not search["reused"] and search["states"] > 0
+    assert not any(tmp_path.iterdir())
 
 
 def test_shape_reuse_searches_again_when_deeper_graphs_could_win(monkeypatch):
@@ -1023,11 +1064,39 @@ def test_second_optimize_is_a_cache_hit():
     assert again.best.sgraph.dumps() == first.best.sgraph.dumps()
 
 
+def test_a_search_cut_short_answers_no_larger_budget_and_keeps_no_slower_winner(tmp_path):
+    """`--max-states 1` cached rmsnorm_mlp:ci's unfused baseline, served then to every later
+    search whatever its budget; and a forced search cut that short replaced a faster winner."""
+    p, db = workloads.resolve("rmsnorm_mlp:ci"), f"sqlite:///{tmp_path / 'cache.db'}"
+    cut = optimize(p, target="h100", max_states=1, db=db, reuse=False)
+    assert cut.search.budget_exhausted and cut.best.sgraph.name.endswith(".unfused")
+    full = optimize(p, target="h100", budget_s=60, db=db, reuse=False)
+    assert not full.cache_hit and full.best.time_us < cut.best.time_us
+    optimize(p, target="h100", max_states=1, force=True, db=db, reuse=False)
+    again = optimize(p, target="h100", budget_s=60, db=db, reuse=False)
+    assert again.cache_hit and again.best.sgraph.dumps() == full.best.sgraph.dumps()
+
+
 def test_optimize_command_line_json():
     res = CliRunner().invoke(app, ["optimize", "lora:ci", "--target", "h100", "--json", "--no-cache"])
     assert res.exit_code == 0, res.output
     report = json.loads(res.stdout)
     assert report["best"]["verdict"]["proved"] and report["best"]["speedup"] > 1
+
+
+def test_the_progress_line_shows_its_phase(monkeypatch):
+    """The phase, in brackets, was read as Rich markup and vanished from the line."""
+    import io
+
+    from rich.console import Console
+
+    from superopt import cli
+
+    shown = io.StringIO()
+    monkeypatch.setattr(cli, "err", Console(file=shown, force_terminal=True, width=120))
+    with cli._progress_line(quiet=False) as update:
+        update({"phase": "probe", "seconds": 1.5, "states": 10, "pruned": 3, "verified": 1, "best_time_us": 2.5})
+    assert "[probe] 1.5s  states 10  pruned 3  verified 1  best 2.50 us" in shown.getvalue()
 
 
 def test_optimize_command_line_summary():
@@ -1751,6 +1820,21 @@ def test_candidates_found_early_are_held_and_the_best_proved(h100, monkeypatch, 
     # Proved by the driver once the depth is done, the winner is reported with the states searched.
     found = [e["states"] for e in events if e["phase"] == "found"]
     assert found == sorted(found) and found[-1] <= outcome.stats.states
+
+
+def test_held_candidates_are_proved_once_the_holding_states_are_past(h100):
+    """qknorm_gqa:ci holds its winner (2.7 us) from its first 500 states, and its one-kernel
+    search then yields no candidate for thousands of states: the held were proved only at the
+    next candidate or the end of the depth (8.3 s into an 8 s budget, `best_found_s` and the
+    progress line's best lagging all the while). Now they are proved as the states pass."""
+    from superopt.search import driver
+
+    events: list[dict] = []
+    outcome = run_search(workloads.resolve("qknorm_gqa:ci"), h100, SearchConfig(), max_states=2_000,
+                         progress=events.append)
+    found = [(e["states"], e["best_time_us"]) for e in events if e["phase"] == "found"]
+    assert outcome.stats.budget_exhausted and outcome.best.best.estimate.time_us == pytest.approx(2.7, abs=1e-3)
+    assert found[-1][1] == pytest.approx(2.7, abs=1e-3) and found[-1][0] <= driver.HOLD_STATES + 50
 
 
 def test_held_candidates_are_proved_when_the_budget_runs_out(h100, monkeypatch):

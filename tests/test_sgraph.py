@@ -222,6 +222,8 @@ def test_instantiation_refuses_broken_constraints_by_name(h100):
         instantiate(ref, {"gx": 96, "F": 0}, h100)
     with pytest.raises(InstantiationError, match="not an integer"):
         parse_params("gx=two")
+    with pytest.raises(InstantiationError, match="parameter gx is given twice"):
+        parse_params("gx=1,F=2,gx=2")  # took the last one silently
 
 
 def test_candidates_are_divisors_of_what_the_symbol_splits():
