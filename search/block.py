@@ -306,8 +306,9 @@ class Generator:
         if state is not None:
             # The body computes the program: an op after the loop would compute something else,
             # so the accumulators are written as they are (walking post-loop graphs over them
-            # took 10 s for a 5-op part of a program too large for one kernel).
-            yield from (accs for accs in self._with_accumulators(state) if self.complete(accs))
+            # took 10 s for a 5-op part of a program too large for one kernel), as many as there
+            # are (`max_outputs` bounds what the search grows; this graph is given).
+            yield from (accs for accs in self._with_accumulators(state) if self.complete(accs, MAX_ACCUMULATORS))
 
     def _program_step(self, n: Node, program: Program, placed: Mapping[str, int], s: BlockState) -> Step | None:
         """Program node `n` as a generator step on the tiles of `placed` (None while an operand is
@@ -758,13 +759,16 @@ class Generator:
         return result
 
     # -- completeness ----------------------------------------------------------------------------
-    def complete(self, s: BlockState) -> bool:
+    def complete(self, s: BlockState, max_outputs: int | None = None) -> bool:
+        """Every body tile is read or accumulated, and at most `max_outputs` (default: the
+        generator's) post-loop values are left to write."""
         if not any(t.op == "acc" for t in s.tiles):
             return False
         for k, t in enumerate(s.tiles):
             if t.phase == 0 and k not in s.used:
                 return False
-        return sum(1 for k, t in enumerate(s.tiles) if t.phase == 1 and k not in s.used) <= self.max_outputs
+        written = sum(1 for k, t in enumerate(s.tiles) if t.phase == 1 and k not in s.used)
+        return written <= (self.max_outputs if max_outputs is None else max_outputs)
 
 
 def _signature(s: BlockState, first: int) -> tuple[Any, ...]:

@@ -36,7 +36,7 @@ from superopt.dimclasses import input_classes
 from superopt.object_cache import ObjectCache
 from superopt.primitives import apply
 from superopt.program import Node, Program, Tensor
-from superopt.search.block import MAX_OUTPUTS, BlockState, Body, Generator, InputSpec, Lazy
+from superopt.search.block import MAX_ACCUMULATORS, MAX_OUTPUTS, BlockState, Body, Generator, InputSpec, Lazy
 from superopt.search.floors import Floors, same_classes
 from superopt.search.space import Space
 from superopt.search.states import FirstKernel, KState, KTensor
@@ -318,8 +318,8 @@ class KernelSearch(Floors):
     def _program_parts(self, ops_: list[Node]) -> list[list[Node]]:
         """The ops (in a dependency order) cut greedily into consecutive runs of at most
         `max_block_ops` block ops, at most `max_block_inputs` tensors read from outside and at most
-        `Generator.max_outputs` values read after them (or returned), each of which nothing in its
-        own run reads (a block graph writes its sinks), and an op no block graph has alone; one
+        `MAX_ACCUMULATORS` values read after them (or returned), each of which nothing in its own
+        run reads (a block graph writes its sinks, its accumulators), and an op no block graph has alone; one
         run when the program fits one kernel, none when it cannot be cut."""
         parts: list[list[Node]] = []
         start = 0
@@ -344,7 +344,7 @@ class KernelSearch(Floors):
         outputs = [n for n in nodes if n.id in read_later]
         read_here = {i for n in nodes for i in n.inputs}
         assert self._gen is not None
-        return (len(outside) <= self.config.max_block_inputs and 1 <= len(outputs) <= self._gen.max_outputs
+        return (len(outside) <= self.config.max_block_inputs and 1 <= len(outputs) <= MAX_ACCUMULATORS
                 and not any(n.id in read_here and n.id not in self.program.outputs for n in outputs))
 
     def _part_moves(self, s: KState, nodes: list[Node]) -> Iterator[KState]:

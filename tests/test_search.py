@@ -792,22 +792,22 @@ def test_the_split_moves_library_ops_early_so_independent_projections_share_a_ke
     """A multi-head attention block cannot be one kernel. Cut in the order the program lists its
     ops, a reshape and a transpose fall between every two projections: five graph kernels (19.7 us
     at X (64, 256) on the cost model). With each library op as early as its operands allow
-    (`_split_orders`), the projections come first and Q and K share one kernel side by side
-    (a block graph writes at most two values: V would be a third), the scale joins the
-    attention: four (12.9 us)."""
+    (`_split_orders`), the projections come first and share one kernel side by side (a part
+    writes as many values as it accumulates: the search grows block graphs of two), the scale
+    joins the attention: three (10.5 us)."""
     p = _attention_block(16, 64, 2)
     ks = KernelSearch(p, space_of(p), Oracle(p), SearchConfig(), target=h100)
     listed, leveled = ks._split_orders()
     assert [[n.op for n in part] for part in ks._program_parts(leveled)] == [
-        ["matmul", "matmul"], ["matmul"], *[["reshape"]] * 3, *[["transpose"]] * 3,
+        ["matmul", "matmul", "matmul"], *[["reshape"]] * 3, *[["transpose"]] * 3,
         ["mul", "matmul", "exp", "sum", "div", "matmul"], ["transpose"], ["reshape"], ["matmul"]]
     assert [len(part) for part in ks._program_parts(listed)] == [1, 1, 1, 2, 1, 1, 1, 1, 1, 5, 1, 1, 1]
     split = ks.program_split()
-    assert {sum(isinstance(k, GraphKernel) for k in sg.kernels) for sg in split} == {4, 5}
+    assert {sum(isinstance(k, GraphKernel) for k in sg.kernels) for sg in split} == {3, 5}
     out = run_search(p, h100, SearchConfig(), max_states=300)
-    assert out.best.verdict.proved and sum(isinstance(k, GraphKernel) for k in out.best.sgraph.kernels) == 4
+    assert out.best.verdict.proved and sum(isinstance(k, GraphKernel) for k in out.best.sgraph.kernels) == 3
     listed_best = min(rank(sg, h100)[0].estimate.time_s for sg in split if len(sg.kernels) == 13)
-    assert out.best.best.estimate.time_s < 0.9 * listed_best  # 12.8 us against 15.5
+    assert out.best.best.estimate.time_s < 0.8 * listed_best
 
 
 @pytest.mark.parametrize("first,second", [("sqrt", "rsqrt"), ("square", "gelu"), ("neg", "sigmoid"),
