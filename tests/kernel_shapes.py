@@ -12,6 +12,22 @@ from superopt.sgraph import SGraph
 from superopt.verifier.oracle import Oracle
 
 
+def attention_block(s: int, d: int, heads: int) -> Program:
+    """Multi-head attention as a model writes it: Q, K and V projections of one X, split into
+    heads by a reshape and a transpose, attention per head, heads merged, the output projection."""
+    dh = d // heads
+    p = Program("attention_block")
+    x = p.input("X", (s, d), "f16")
+    wq, wk, wv, wo = (p.input(w, (d, d), "f16") for w in ("Wq", "Wk", "Wv", "Wo"))
+    q = p.transpose(p.reshape(x @ wq, (s, heads, dh)), (1, 0, 2)) * (1.0 / dh**0.5)
+    k = p.transpose(p.reshape(x @ wk, (s, heads, dh)), (1, 2, 0))
+    v = p.transpose(p.reshape(x @ wv, (s, heads, dh)), (1, 0, 2))
+    e = p.exp(q @ k)
+    o = p.reshape(p.transpose((e / p.sum(e, -1, keepdim=True)) @ v, (1, 0, 2)), (s, d))
+    p.output(p.op("matmul", o, wo, name="O"))
+    return p
+
+
 def projections() -> Program:
     """Q, K and V projections of one X: independent outputs, fused side by side (one grid axis
     over the columns of all three weights)."""

@@ -10,6 +10,7 @@ import pytest
 from cuda_harness import runner
 from cuda_harness.cases import H100, param_choices
 from kernel_shapes import (
+    attention_block,
     candidate,
     grouped_projections,
     norm_then_softmax,
@@ -88,6 +89,21 @@ def test_a_kernel_writing_every_value_the_program_returns_runs_correctly(h100, m
         assert len(outs) == len(p.outputs)
         for got, want in zip(outs, evaluate(p, inputs), strict=True):
             assert max_rel_err(got, want) <= dtype("f16").tolerance, params
+
+
+@pytest.mark.skipif(runner.gxx() is None, reason="g++ is not on PATH: the CPU harness needs it")
+def test_a_split_attention_block_runs_correctly_in_the_cpu_harness(h100):
+    """The program split's schedule of a multi-head attention block: one kernel writes the Q, K
+    and V projections side by side (three outputs, more than the search grows), views split the
+    heads, one kernel attends, a copy merges the heads, one kernel projects."""
+    p = attention_block(16, 64, 2)
+    best = run_search(p, h100, SearchConfig(), max_states=300).best
+    assert max(len(k.outputs) for k in best.sgraph.kernels if isinstance(k, GraphKernel)) == 3
+    prog = generate(instantiate(best.sgraph, best.best.params, H100))
+    for seed in (11, 12):
+        inputs = random_inputs(p, seed)
+        [got] = runner.run(prog, inputs)
+        assert max_rel_err(got, evaluate(p, inputs)[0]) <= dtype("f16").tolerance, seed
 
 
 @pytest.mark.skipif(nvcc_path() is None, reason="nvcc is not on PATH: cannot compile for sm_90")

@@ -10,6 +10,7 @@ import weakref
 from collections.abc import Iterator
 
 import pytest
+from kernel_shapes import attention_block
 from typer.testing import CliRunner
 
 from superopt import Program, workloads
@@ -772,22 +773,6 @@ def test_a_reshape_between_fused_parts_is_a_library_kernel_of_the_split(h100, mo
     assert unseeded.best.sgraph.name.endswith(".unfused")
 
 
-def _attention_block(s: int, d: int, heads: int) -> Program:
-    """Multi-head attention as a model writes it: Q, K and V projections of one X, split into
-    heads by a reshape and a transpose, attention per head, heads merged, the output projection."""
-    dh = d // heads
-    p = Program("attention_block")
-    x = p.input("X", (s, d), "f16")
-    wq, wk, wv, wo = (p.input(w, (d, d), "f16") for w in ("Wq", "Wk", "Wv", "Wo"))
-    q = p.transpose(p.reshape(x @ wq, (s, heads, dh)), (1, 0, 2)) * (1.0 / dh**0.5)
-    k = p.transpose(p.reshape(x @ wk, (s, heads, dh)), (1, 2, 0))
-    v = p.transpose(p.reshape(x @ wv, (s, heads, dh)), (1, 0, 2))
-    e = p.exp(q @ k)
-    o = p.reshape(p.transpose((e / p.sum(e, -1, keepdim=True)) @ v, (1, 0, 2)), (s, d))
-    p.output(p.op("matmul", o, wo, name="O"))
-    return p
-
-
 def test_the_split_moves_library_ops_early_so_independent_projections_share_a_kernel(h100):
     """A multi-head attention block cannot be one kernel. Cut in the order the program lists its
     ops, a reshape and a transpose fall between every two projections: five graph kernels (19.7 us
@@ -795,7 +780,7 @@ def test_the_split_moves_library_ops_early_so_independent_projections_share_a_ke
     (`_split_orders`), the projections come first and share one kernel side by side (a part
     writes as many values as it accumulates: the search grows block graphs of two), the scale
     joins the attention: three (10.5 us)."""
-    p = _attention_block(16, 64, 2)
+    p = attention_block(16, 64, 2)
     ks = KernelSearch(p, space_of(p), Oracle(p), SearchConfig(), target=h100)
     listed, leveled = ks._split_orders()
     assert [[n.op for n in part] for part in ks._program_parts(leveled)] == [
