@@ -458,8 +458,10 @@ def cache_ls(
     entries = KernelCache(open_database(db, existing=True)).entries(program_hash, target)
     if as_json:
         emit_json([e.to_json() for e in entries])
-    else:
+    elif entries:
         out.print(entries_table(entries))
+    else:
+        out.print("no cached winner matches" if program_hash or target else "the cache holds no winner")
 
 
 @cache_app.command("show")

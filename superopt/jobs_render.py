@@ -91,7 +91,7 @@ def kernel_text(k: dict[str, Any]) -> str:
 
 def batch_table(rows: list[dict[str, Any]]) -> Table:
     t = Table("line", "job", "program", "hash", "target", "state", "cache", "time (us)", "unfused (us)", "speedup",
-              "kernel", title="batch", title_justify="left")
+              "kernel or error", title="batch", title_justify="left")
     for r in rows:
         t.add_row(
             str(r["line"]), str(r["job"]), r["program"], r["hash"][:12], r["target"], r["state"],

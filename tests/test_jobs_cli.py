@@ -41,6 +41,7 @@ def test_submit_work_and_query(tmp_path):
     assert [e["kernel_id"] for e in entries] == [kernel_id] and entries[0]["target"] == "h100"
     assert "gqa:ci" in invoke(db, "cache", "ls", "--target", "h100").stdout
     assert json.loads(invoke(db, "cache", "ls", "--target", "a100", "--json").stdout) == []
+    assert invoke(db, "cache", "ls", "--target", "a100").stdout.strip() == "no cached winner matches"
     shown = invoke(db, "cache", "show", str(kernel_id))
     assert shown.exit_code == 0 and "cached winner" in shown.stdout and "graph-defined" in shown.stdout
     assert json.loads(invoke(db, "cache", "show", str(kernel_id), "--json").stdout)["verdict"]["proved"]
@@ -51,6 +52,7 @@ def test_submit_work_and_query(tmp_path):
     assert res.exit_code == 2 and "name a kernel id, --hash, --target or --all" in res.stderr
     assert invoke(db, "cache", "invalidate", "--all").stdout.strip() == "invalidated 1 cached winner(s)"
     assert json.loads(invoke(db, "cache", "ls", "--json").stdout) == []
+    assert invoke(db, "cache", "ls").stdout.strip() == "the cache holds no winner"
 
 
 def test_user_errors_are_one_line_and_exit_2(tmp_path):
