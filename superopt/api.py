@@ -217,7 +217,9 @@ def _result(program: Program, choice: TargetChoice, outcome: Any) -> Result:
             # The returned kernel itself: checked again at the program's real shapes and parameters,
             # unless it is the program's own ops, one library kernel each: that would check the
             # program against itself (a 4096-square matmul: 100 s of float64 and field products).
+            t0 = time.monotonic()
             final = v.verdict if v is baseline else verify_at(program, v.sgraph, v.best.params, v.verdict, target=t)
+            outcome.stats.final_check_s += time.monotonic() - t0
             if final.proved:
                 c.verdict = final
                 winner = c

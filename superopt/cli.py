@@ -276,7 +276,9 @@ def _summary(result: Any) -> None:
         f"searched {'symbolically' if s['symbolic'] else 'concretely'}: {s['states']} states, "
         f"{s['pruned']} pruned, {s['verified']} verified in {s['seconds']:.1f} s"
         + (f" (budget exhausted: the best so far, found at {s['best_found_s']:.1f} s; {_searched(s['depth'])})"
-           if s["budget_exhausted"] else ""))
+           if s["budget_exhausted"] else "")
+        + (f"; the winner checked at its real shapes in {s['final_check_s']:.1f} s" if s["final_check_s"] >= 0.1
+           else ""))
     out.print(f"{result.program.name}: {how}", markup=False)
     out.print(render_sgraph(best.sgraph, best.params), markup=False)
     v = best.verdict

@@ -161,6 +161,7 @@ class SearchStats:
     executor: str = "in-process"
     budget_s: float | None = None  # the limits the search ran under (None: none)
     max_states: int | None = None
+    final_check_s: float = 0.0  # checking the returned kernel at the real shapes, after the search
 
     def to_json(self) -> dict[str, Any]:
         return dict(self.__dict__)
