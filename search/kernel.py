@@ -280,26 +280,45 @@ class KernelSearch(Floors):
 
     def program_split(self) -> list[SGraph]:
         """Schedules of a program too large for one kernel, cut into consecutive parts that each
-        fit one: every part one graph kernel computing it as `Generator.program_graphs` does the
-        whole program, or one library kernel for an op no block graph has (a reshape, a
-        transpose), grown part by part from the `SPLIT_KEEP` cheapest (`_spent`). A fused schedule
-        at once, and a bound, where the one-kernel search may outlast any budget (a 12-op chain
-        over two inputs) or cannot hold the program (heads split by a reshape in the middle: the
-        search reaches 3 kernels late). The ops are cut in two orders (`_split_orders`), each
-        giving its schedules. Empty when the program fits one kernel, or no order can be cut."""
+        fit one (`_split`), in two orders (`_split_orders`), each giving its schedules. A fused
+        schedule at once, and a bound, where the one-kernel search may outlast any budget (a
+        12-op chain over two inputs) or cannot hold the program (heads split by a reshape in the
+        middle: the search reaches 3 kernels late). Empty when the program fits one block graph
+        (the search starts with it), or no order can be cut."""
+        ops_ = [n for n in self.program.topological() if n.op not in ("input", "const")]
+        if not ops_ or self._part_ends(ops_, 0)[:1] == [len(ops_)]:
+            return []
         found: dict[str, SGraph] = {}
         for order in self._split_orders():
-            parts = self._program_parts(order)
-            if len(parts) < 2:
-                continue
-            states = [self.initial()]
-            for nodes in parts:
-                grown = [nxt for st in states for nxt in self._part_moves(st, nodes)]
-                states = sorted(grown, key=self._spent)[:SPLIT_KEEP]
-            for sg in (self._candidate(st) for st in states):
+            for sg in (self._candidate(st) for st in self._split(order)[1]):
                 if sg is not None:
                     found.setdefault(sg.dumps(), sg)
         return list(found.values())
+
+    def _split(self, ops_: list[Node]) -> tuple[list[list[Node]], list[KState]]:
+        """The ops (in a dependency order) cut into consecutive parts, each as long as
+        `_part_ends` allows and some kernel of it has valid sizes at the program's shapes (a gated
+        MLP with its residual add after the down projection needs every weight whole in one
+        block: cut before the add, its hidden dim is looped over), and the `SPLIT_KEEP` cheapest
+        schedules (`_spent`) grown part by part: every part one graph kernel computing it as
+        `Generator.program_graphs` does the whole program, or one library kernel for an op no
+        block graph has (a reshape, a transpose). ([], []) when some part cannot be cut."""
+        parts: list[list[Node]] = []
+        states = [self.initial()]
+        start = 0
+        while start < len(ops_):
+            for end in self._part_ends(ops_, start):
+                grown = [nxt for st in states for nxt in self._part_moves(st, ops_[start:end])]
+                if self.target is not None:
+                    grown = [st for st in grown if self._estimated(st) < math.inf]  # valid sizes
+                if grown:
+                    break
+            else:
+                return [], []
+            parts.append(ops_[start:end])
+            states = sorted(grown, key=self._spent)[:SPLIT_KEEP]
+            start = end
+        return parts, states
 
     def _split_orders(self) -> list[list[Node]]:
         """The program's ops as it lists them, and (when different) with each library op as early
@@ -315,27 +334,17 @@ class KernelSearch(Floors):
         leveled = sorted(ops_, key=lambda n: (level[n.id], n.op in self.space.block_ops, index[n.id]))
         return [ops_] if leveled == ops_ else [ops_, leveled]
 
-    def _program_parts(self, ops_: list[Node]) -> list[list[Node]]:
-        """The ops (in a dependency order) cut greedily into consecutive runs of at most
-        `max_block_ops` block ops, at most `max_block_inputs` tensors read from outside and at most
-        `MAX_ACCUMULATORS` values read after them (or returned), each of which nothing in its own
-        run reads (a block graph writes its sinks, its accumulators), and an op no block graph has alone; one
-        run when the program fits one kernel, none when it cannot be cut."""
-        parts: list[list[Node]] = []
-        start = 0
-        while start < len(ops_):
-            if ops_[start].op not in self.space.block_ops:
-                parts.append([ops_[start]])
-                start += 1
-                continue
-            stop = next((k for k in range(start, len(ops_)) if ops_[k].op not in self.space.block_ops), len(ops_))
-            ends = range(min(stop, start + self.config.max_block_ops), start, -1)
-            end = next((e for e in ends if self._one_part(ops_[start:e], ops_[e:])), None)
-            if end is None:
-                return []
-            parts.append(ops_[start:end])
-            start = end
-        return parts
+    def _part_ends(self, ops_: list[Node], start: int) -> list[int]:
+        """Where a part of the ops from `start` may end, longest first: an op no block graph has
+        alone; else runs of at most `max_block_ops` block ops, at most `max_block_inputs` tensors
+        read from outside and at most `MAX_ACCUMULATORS` values read after them (or returned),
+        each of which nothing in its own run reads (a block graph writes its sinks, its
+        accumulators)."""
+        if ops_[start].op not in self.space.block_ops:
+            return [start + 1]
+        stop = next((k for k in range(start, len(ops_)) if ops_[k].op not in self.space.block_ops), len(ops_))
+        return [e for e in range(min(stop, start + self.config.max_block_ops), start, -1)
+                if self._one_part(ops_[start:e], ops_[e:])]
 
     def _one_part(self, nodes: list[Node], after: list[Node]) -> bool:
         ids = {n.id for n in nodes}
@@ -343,13 +352,12 @@ class KernelSearch(Floors):
         read_later = {i for n in after for i in n.inputs} | set(self.program.outputs)
         outputs = [n for n in nodes if n.id in read_later]
         read_here = {i for n in nodes for i in n.inputs}
-        assert self._gen is not None
         return (len(outside) <= self.config.max_block_inputs and 1 <= len(outputs) <= MAX_ACCUMULATORS
                 and not any(n.id in read_here and n.id not in self.program.outputs for n in outputs))
 
     def _part_moves(self, s: KState, nodes: list[Node]) -> Iterator[KState]:
         """`s` and one kernel computing these program nodes from the tensors of `s` that hold
-        their operands (as `_program_parts` cut them): a graph kernel, or the library kernel of
+        their operands (as `_split` cuts them): a graph kernel, or the library kernel of
         an op no block graph has."""
         ids = {n.id for n in nodes}
         held: dict[str, int] = {}
@@ -365,8 +373,9 @@ class KernelSearch(Floors):
         if nodes[0].op not in self.space.block_ops:
             n = nodes[0]
             args = tuple(s.tensors[held[i]].id for i in n.inputs)
-            yield from (nxt for nxt in self._library_moves(unordered, False) if isinstance(k := nxt.kernels[-1],
-                        LibraryKernel) and (k.op, k.inputs, k.attrs) == (n.op, args, dict(n.attrs)))
+            moves = self._library_moves(unordered, False, only=(n.op, tuple(held[i] for i in n.inputs)))
+            yield from (nxt for nxt in moves if isinstance(k := nxt.kernels[-1], LibraryKernel)
+                        and (k.op, k.inputs, k.attrs) == (n.op, args, dict(n.attrs)))
             return
         part = Program(f"{self.program.name}.part")
         name = {i: s.tensors[k].id for i, k in held.items()}  # inputs: the tensors' ids; ops: the builder's
@@ -458,14 +467,17 @@ class KernelSearch(Floors):
     def _completes(self, missing: list[int], new: Sequence[tuple[AE, tuple[Size, ...], tuple[int, ...]]]) -> bool:
         return all(any(self._is_output(ae, shape, classes, i) for ae, shape, classes in new) for i in missing)
 
-    def _library_moves(self, s: KState, final: bool, rereads: bool | None = None) -> Iterator[KState]:
+    def _library_moves(
+        self, s: KState, final: bool, rereads: bool | None = None, only: tuple[str, tuple[int, ...]] | None = None,
+    ) -> Iterator[KState]:
+        """Library kernels on the tensors of `s` (`only`: that op on those tensors)."""
         usable = [i for i, t in enumerate(s.tensors) if t.chunk is None]
         missing = self._missing(s) if final else []
         unused = self._unused(s) if final else []
         floor_s = self._last_kernel_floor(s) if final else 0.0
-        for op in self.space.library_ops:
+        for op in self.space.library_ops if only is None else [o for o in self.space.library_ops if o == only[0]]:
             arity = ops.OPS[op].arity
-            for args in _tuples(usable, arity):
+            for args in _tuples(usable, arity) if only is None else [only[1]]:
                 if not set(unused) <= set(args) or not self._reads_inputs(args, rereads):
                     continue
                 if final and op not in costmodel.FREE_OPS and self._too_slow(s, floor_s, args):

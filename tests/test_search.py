@@ -706,7 +706,7 @@ def test_a_program_too_large_for_one_kernel_is_cut_into_fused_parts_at_once(h100
     2-kernel schedule, proved, before any shard runs; without the cut the same states find none."""
     p = _long_chain(7)
     ks = KernelSearch(p, space_of(p), Oracle(p), SearchConfig(), target=h100)
-    parts = ks._program_parts(ks._split_orders()[0])
+    parts = ks._split(ks._split_orders()[0])[0]
     assert [len(part) for part in parts] == [11, 3]
     assert [n.id for part in parts for n in part] == [n.id for n in p.topological() if n.op != "input"]
     split = ks.program_split()
@@ -753,14 +753,14 @@ def test_a_reshape_between_fused_parts_is_a_library_kernel_of_the_split(h100, mo
     """rms_norm per head of (rms_norm(softmax(X)) - rowmax(X)) @ W, split into heads by a reshape
     (found by fuzz_optimize): no block graph holds the reshape, so the program needs three
     kernels, which the search reaches after some 160,000 states (60 s): the unfused baseline
-    within 15 s. Cut at the reshape (a library kernel of its own, `_program_parts`), it has a
+    within 15 s. Cut at the reshape (a library kernel of its own, `_split`), it has a
     proved schedule of two launches and a view before any shard runs."""
     p = Program("heads")
     x, w = p.input("X", (2, 16, 32), "f16"), p.input("W", (2, 32, 8), "f16")
     t = p.op("sub", p.rms_norm(p.softmax(x, -1), -1), p.max(x, -1, keepdim=True))
     p.output(p.rms_norm(p.reshape(t @ w, (2, 16, 2, 4)), -1))
     ks = KernelSearch(p, space_of(p), Oracle(p), SearchConfig(), target=h100)
-    assert [[n.op for n in part] for part in ks._program_parts(ks._split_orders()[0])] == [
+    assert [[n.op for n in part] for part in ks._split(ks._split_orders()[0])[0]] == [
         ["softmax", "rms_norm", "max", "sub", "matmul"], ["reshape"], ["rms_norm"]]
     split = ks.program_split()
     assert split and all([type(k) for k in sg.kernels] == [GraphKernel, LibraryKernel, GraphKernel] for sg in split)
@@ -773,6 +773,27 @@ def test_a_reshape_between_fused_parts_is_a_library_kernel_of_the_split(h100, mo
     assert unseeded.best.sgraph.name.endswith(".unfused")
 
 
+def test_a_split_part_no_kernel_can_hold_is_cut_shorter(h100):
+    """A gated MLP whose residual add follows the down projection, after a reshape of a scaled
+    input (so the program is cut into parts): as one part it needs every weight whole in one
+    block (the add reads the finished product: no loop over the hidden dim), 768 KB of shared
+    memory, and every split schedule was refused ("no valid instantiation"). Cut before the add,
+    the hidden dim is looped over (slower than the unfused schedule here: every block of rows
+    reads all three weights; in a decoder layer the same cut made the split beat it, 35.3 us
+    against 40.7)."""
+    p = Program("mlp_residual")
+    x = p.reshape(p.input("X", (2, 16, 256), "f16") * 0.5, (32, 256))
+    wg, wu, wd = p.input("Wg", (256, 512), "f16"), p.input("Wu", (256, 512), "f16"), p.input("Wd", (512, 256), "f16")
+    xn = p.rms_norm(x, -1)
+    p.output(p.op("add", x, (p.silu(xn @ wg) * (xn @ wu)) @ wd, name="O"))
+    ks = KernelSearch(p, space_of(p), Oracle(p), SearchConfig(), target=h100)
+    [order] = ks._split_orders()
+    assert [[n.op for n in part] for part in ks._split(order)[0]] == [
+        ["mul"], ["reshape"], ["rms_norm", "matmul", "silu", "matmul", "mul", "matmul"], ["add"]]
+    split = ks.program_split()
+    assert split and all(rank(sg, h100) for sg in split)
+
+
 def test_the_split_moves_library_ops_early_so_independent_projections_share_a_kernel(h100):
     """A multi-head attention block cannot be one kernel. Cut in the order the program lists its
     ops, a reshape and a transpose fall between every two projections: five graph kernels (19.7 us
@@ -783,10 +804,10 @@ def test_the_split_moves_library_ops_early_so_independent_projections_share_a_ke
     p = attention_block(16, 64, 2)
     ks = KernelSearch(p, space_of(p), Oracle(p), SearchConfig(), target=h100)
     listed, leveled = ks._split_orders()
-    assert [[n.op for n in part] for part in ks._program_parts(leveled)] == [
+    assert [[n.op for n in part] for part in ks._split(leveled)[0]] == [
         ["matmul", "matmul", "matmul"], *[["reshape"]] * 3, *[["transpose"]] * 3,
         ["mul", "matmul", "exp", "sum", "div", "matmul"], ["transpose"], ["reshape"], ["matmul"]]
-    assert [len(part) for part in ks._program_parts(listed)] == [1, 1, 1, 2, 1, 1, 1, 1, 1, 5, 1, 1, 1]
+    assert [len(part) for part in ks._split(listed)[0]] == [1, 1, 1, 2, 1, 1, 1, 1, 1, 5, 1, 1, 1]
     split = ks.program_split()
     assert {sum(isinstance(k, GraphKernel) for k in sg.kernels) for sg in split} == {3, 5}
     out = run_search(p, h100, SearchConfig(), max_states=300)
