@@ -115,7 +115,7 @@ class KernelCache:
         if target:
             q = q.where((Target.name == target) | (Target.fingerprint == target))
         with self.db.read() as s:
-            return [_entry(w) for w in s.scalars(q.order_by(Winner.id.desc())).unique()]
+            return [_entry(w) for w in s.scalars(q.order_by(Winner.created_at.desc(), Winner.id.desc())).unique()]
 
     def kernel(self, kernel_id: int) -> dict[str, Any]:
         """One stored candidate with its sGraph, parameters, CUDA source, verdict and times."""
@@ -241,13 +241,14 @@ def store_in(s: Session, job: Job, result: Result) -> dict[str, Any]:
             "time_us": result.best.time_us, "created_at": utcnow(),
         }
         stmt = _insert(s, Winner).values(**values)
-        # A key (program, target, config and version) is answered by its fastest proved winner, the
-        # newest of equals: a search cut short by a smaller budget (--force --max-states 1) does
-        # not replace a faster one.
+        # A key (program, target, config and version) is answered by its fastest proved winner: a
+        # search cut short (--force --max-states 1) replaces only a slower one, a finished search
+        # an equal one too (it may answer larger budgets: `SearchStats.answers`).
+        faster = Winner.time_us > stmt.excluded.time_us
         stmt = stmt.on_conflict_do_update(
             index_elements=["workload_id", "target_id", "config_hash", "version"],
             set_={k: stmt.excluded[k] for k in ("job_id", "candidate_id", "baseline_id", "time_us", "created_at")},
-            where=Winner.time_us >= stmt.excluded.time_us,
+            where=faster if result.search.budget_exhausted else faster | (Winner.time_us == stmt.excluded.time_us),
         )
         cached = s.execute(stmt.returning(Winner.id)).first() is not None  # no row: the faster one stayed
     return summarize(result, fp, best_id, baseline_id, cached=cached)

@@ -101,7 +101,10 @@ def _ray(workers: int, address: str | None) -> Any:
     if not ray.is_initialized():
         if address:
             _reachable(address)  # before ray.init, which retries for minutes
-            ray.init(address=address, log_to_driver=False)
+            try:
+                ray.init(address=address, log_to_driver=False)
+            except (ConnectionError, RuntimeError, ValueError) as e:  # something answers, not a Ray head
+                raise ClusterUnreachable(f"ray address {address}: {e}") from None
         else:
             ray.init(num_cpus=workers, include_dashboard=False, log_to_driver=False)
     return ray

@@ -651,6 +651,7 @@ def export(
                                              "model's best)")] = "",
     target: Annotated[str, typer.Option(help="target the kernels are generated for (h100, h200, a100; auto: "
                                              "the local GPU, else h100)")] = "h100",
+    db: DbOption = None,
     as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
 ) -> None:
     """Write a program's best kernel(s) as one CUDA file, with launch parameters in its header."""
@@ -664,7 +665,7 @@ def export(
             raise LoadError("--params needs --sgraph (without it, the optimizer chooses the schedule)")
         from superopt.api import optimize
 
-        best = optimize(program, target=target).best
+        best = optimize(program, target=target, db=db).best
         sg, values = best.sgraph, dict(best.params)
     else:
         sg = load_sgraph(sgraph, program, spec)

@@ -12,6 +12,7 @@ from superopt.db.jobs import JobView
 from superopt.db.models import utcnow
 from superopt.render import render_sgraph
 from superopt.sgraph import SGraph
+from superopt.worker import cache_note
 
 
 def _us(x: Any) -> str:
@@ -49,7 +50,7 @@ def job_table(v: JobView) -> Table:
             ("time (us)", f"{_us(r.get('time_us'))} ({r.get('time_source')})"),
             ("unfused (us)", _us(r.get("baseline_time_us"))),
             ("speedup", _x(r.get("speedup"))),
-            ("kernel", f"{r.get('kernel_id')}" + ("" if r.get("cached") else "  (not cached: not proved)")),
+            ("kernel", f"{r.get('kernel_id')}" + ("" if r.get("cached") else f"  ({cache_note(r)})")),
         ]
     if v.error:
         rows.append(("error", v.error))

@@ -196,15 +196,23 @@ class _Heartbeat(threading.Thread):
         self.join()
 
 
+def cache_note(result: dict[str, Any]) -> str:
+    """Whether a searched job's kernel became its key's cached winner, and if not why."""
+    if result.get("cached"):
+        return "cached"
+    return "not cached: a faster proved winner is" if result.get("proved") else "not cached: not proved"
+
+
 def describe(view: JobView) -> str:
     """One log line for a finished job."""
     if view.error:
         return f"job {view.id} {view.state.value}: {view.error}"
-    r = view.result or {}
+    if not view.result:
+        return f"job {view.id} {view.state.value}"
+    r = view.result
     if view.cache_hit:
         return f"job {view.id} {view.state.value} from the cache (kernel {r.get('kernel_id')})"
     speedup = r.get("speedup")
     gain = f", {speedup:.2f}x over unfused" if isinstance(speedup, float) else ""
-    cached = "cached" if r.get("cached") else "not cached: not proved"
     return (f"job {view.id} {view.state.value}: {r.get('time_us', 0.0):.2f} us ({r.get('time_source')}){gain}, "
-            f"kernel {r.get('kernel_id')}, {cached}")
+            f"kernel {r.get('kernel_id')}, {cache_note(r)}")

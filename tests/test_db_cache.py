@@ -59,7 +59,10 @@ def test_a_cut_short_winner_answers_no_larger_limits_and_a_faster_winner_stays(d
     slower.best.time_us *= 2
     assert not cache.store(slower)["cached"]
     assert cache.lookup(program, H100, budget_s=10).best.time_us == cut.best.time_us
-    finished = standin_result(program)  # as fast, and complete: the newest of equals answers
+    tie = standin_result(program)  # as fast, cut shorter: the cached one answers more budgets
+    tie.search.budget_exhausted, tie.search.budget_s, tie.search.max_states = True, 10.0, 20
+    assert not cache.store(tie)["cached"] and cache.lookup(program, H100, budget_s=10) is not None
+    finished = standin_result(program)  # as fast, and complete: it replaces the cut-short one
     assert cache.store(finished)["cached"] and count(db, Winner) == 1
     assert cache.lookup(program, H100, budget_s=None) is not None
 

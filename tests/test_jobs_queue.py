@@ -23,7 +23,7 @@ from superopt.db.errors import Conflict, NotFound
 from superopt.db.jobs import JobQueue, JobView
 from superopt.db.models import Candidate, Job, JobState, Winner
 from superopt.program import Program
-from superopt.worker import Worker, resolve_fingerprint
+from superopt.worker import Worker, cache_note, describe, resolve_fingerprint
 
 
 @pytest.fixture(params=BACKENDS)
@@ -152,6 +152,17 @@ def test_a_job_waits_while_its_twin_runs_and_is_then_a_cache_hit(db):
     assert answered.id == twin.id and answered.cache_hit
     assert answered.result["kernel_id"] == queue.get(forced.id).result["kernel_id"]  # the newest winner
     assert count(db, Winner) == 2
+
+
+def test_a_job_line_says_what_happened(db):
+    """A cancelled job was logged as '0.00 us (None), kernel None, not cached: not proved'; a
+    proved kernel left uncached by a faster winner as 'not proved'."""
+    queue = JobQueue(db)
+    job = queue.submit(workloads.resolve("lora:ci"), target="h100")
+    queue.cancel(job.id)
+    assert describe(queue.get(job.id)) == f"job {job.id} cancelled"
+    assert cache_note({"cached": False, "proved": True}) == "not cached: a faster proved winner is"
+    assert cache_note({"cached": False, "proved": False}) == "not cached: not proved"
 
 
 def test_a_hit_for_a_program_with_other_input_names_says_how_they_bind(db):
