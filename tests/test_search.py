@@ -707,10 +707,11 @@ def test_a_program_too_large_for_one_kernel_is_cut_into_fused_parts_at_once(h100
     p = _long_chain(7)
     ks = KernelSearch(p, space_of(p), Oracle(p), SearchConfig(), target=h100)
     parts = ks._split(ks._split_orders()[0])[0]
-    assert [len(part) for part in parts] == [11, 3]
+    assert len(parts) == 2 and all(len(part) <= 11 for part in parts)
     assert [n.id for part in parts for n in part] == [n.id for n in p.topological() if n.op != "input"]
     split = ks.program_split()
-    assert split and all(len(sg.kernels) == 2 and all(isinstance(k, GraphKernel) for k in sg.kernels) for sg in split)
+    assert split and all(all(isinstance(k, GraphKernel) for k in sg.kernels) for sg in split)
+    assert min(len(sg.kernels) for sg in split) == 2
     seeded = run_search(p, h100, SearchConfig(), max_states=3_000)
     assert seeded.stats.budget_exhausted and seeded.best.verdict.proved
     assert len(seeded.best.sgraph.kernels) == 2 and seeded.best.sgraph.dumps() in {sg.dumps() for sg in split}
@@ -777,10 +778,10 @@ def test_a_split_part_no_kernel_can_hold_is_cut_shorter(h100):
     """A gated MLP whose residual add follows the down projection, after a reshape of a scaled
     input (so the program is cut into parts): as one part it needs every weight whole in one
     block (the add reads the finished product: no loop over the hidden dim), 768 KB of shared
-    memory, and every split schedule was refused ("no valid instantiation"). Cut before the add,
-    the hidden dim is looped over (slower than the unfused schedule here: every block of rows
-    reads all three weights; in a decoder layer the same cut made the split beat it, 35.3 us
-    against 40.7)."""
+    memory, and every split schedule was refused ("no valid instantiation"). Parts now have valid
+    sizes, and of the two longest from each point the cut whose kernels the cost model ranks
+    fastest is kept: before the down projection (cut before the add instead, each block of rows
+    would read all three weights)."""
     p = Program("mlp_residual")
     x = p.reshape(p.input("X", (2, 16, 256), "f16") * 0.5, (32, 256))
     wg, wu, wd = p.input("Wg", (256, 512), "f16"), p.input("Wu", (256, 512), "f16"), p.input("Wd", (512, 256), "f16")
@@ -789,7 +790,7 @@ def test_a_split_part_no_kernel_can_hold_is_cut_shorter(h100):
     ks = KernelSearch(p, space_of(p), Oracle(p), SearchConfig(), target=h100)
     [order] = ks._split_orders()
     assert [[n.op for n in part] for part in ks._split(order)[0]] == [
-        ["mul"], ["reshape"], ["rms_norm", "matmul", "silu", "matmul", "mul", "matmul"], ["add"]]
+        ["mul"], ["reshape"], ["rms_norm", "matmul", "silu", "matmul", "mul"], ["matmul", "add"]]
     split = ks.program_split()
     assert split and all(rank(sg, h100) for sg in split)
 
