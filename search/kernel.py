@@ -51,7 +51,7 @@ FirstChoice = tuple[str, Any]  # ("library", move key) | ("graph" | "program", i
 MIDDLES = ("library", "graph")  # kinds of second kernel, in the order graphs of 3+ kernels are grown
 BLOCK_CACHE_ENTRIES = 256  # input combinations whose block graphs are kept (least recently used go)
 BLOCK_CACHE_STATES = 100_000  # block graphs kept in all (beyond those of the combination being generated)
-SPLIT_KEEP = 8  # partial schedules kept from one part of `program_split` to the next (the cheapest)
+SPLIT_KEEP = 8  # partial schedules kept at each point of `program_split`'s cut (the cheapest)
 SPLIT_ENDS = 2  # the longest parts with valid sizes tried from each point of `program_split`
 
 
@@ -286,11 +286,12 @@ class KernelSearch(Floors):
         12-op chain over two inputs) or cannot hold the program (heads split by a reshape in the
         middle: the search reaches 3 kernels late). Empty when the program fits one block graph
         (the search starts with it), or no order can be cut."""
-        ops_ = [n for n in self.program.topological() if n.op not in ("input", "const")]
-        if not ops_ or self._part_ends(ops_, 0)[:1] == [len(ops_)]:
+        orders = self._split_orders()
+        listed = orders[0]
+        if not listed or self._part_ends(listed, 0)[:1] == [len(listed)]:
             return []
         found: dict[str, SGraph] = {}
-        for order in self._split_orders():
+        for order in orders:
             for sg in (self._candidate(st) for st in self._split(order)[1]):
                 if sg is not None:
                     found.setdefault(sg.dumps(), sg)
