@@ -37,10 +37,10 @@ from superopt.verifier.oracle import AE, AV, AbstractAlgebra, Oracle
 
 T = TypeVar("T")
 OpRanks = tuple[tuple[str, int], ...]  # ops with their canonical ranks
+Step = tuple[str, tuple[int, ...], tuple[Any, ...], tuple[Any, ...]]  # an op: op, operands, attrs, consts
+RankedStep = tuple[str, int, tuple[Any, ...], tuple[Any, ...]]  # a one-operand op: op, rank, attrs, consts
 # A loop body with its accumulators, as a walk in parts hands it over: its place in the
 # breadth-first order (level, path, accumulator choice), its signature's digest and its ops.
-Step = tuple[str, tuple[int, ...], tuple[Any, ...], tuple[Any, ...]]
-RankedStep = tuple[str, int, tuple[Any, ...], tuple[Any, ...]]  # a one-operand op: op, rank, attrs, consts
 Body = tuple[tuple[int, tuple[int, ...], int], int, tuple[Step, ...]]
 COMMUTATIVE = ("add", "mul")  # binary ops generated with their older operand first only
 UNIT = -1  # the class of a size-1 dim: broadcasts against anything, never split

@@ -499,26 +499,27 @@ def run_search(
             yield shard
         unsettled[0] = False
 
-    def split_schedules() -> list[SGraph]:
-        """`KernelSearch.program_split`, within the search's budgets (it runs before any shard: a
-        concrete search's split tries every concrete tiling of each part, attention_projections'
-        for minutes)."""
-        ks = local.search
+    def split_schedules(searcher: Searcher, states_left: int | None, whole: bool = False) -> list[SGraph]:
+        """`KernelSearch.program_split` (`whole`: also of a program that fits one block graph by
+        its counts) within the deadline and `states_left`, its candidates with their views."""
+        ks = searcher.search
         states, pruned = ks.total_states, ks.total_pruned
-        ks.deadline, ks.max_states = deadline, None if max_states is None else states + max_states
+        ks.deadline, ks.max_states = deadline, None if states_left is None else states + max(0, states_left)
         try:
-            return ks.program_split()
+            return [searcher.views.unfold(sg) for sg in ks.program_split(whole)]
         except BudgetExhausted:
-            stats.budget_exhausted = True
             return []
         finally:
             stats.states += ks.total_states - states
             stats.pruned += ks.total_pruned - pruned
+            stats.budget_exhausted |= time.time() > deadline or (max_states is not None and stats.states >= max_states)
 
     baseline: list[Verified] = []
     local.consider(unfused_baseline(program), baseline, outcome.rejected)
     merge(ShardResult(Shard(0, ("baseline", None)), baseline, [], 0, 0, False))
-    merge(local.consider_best([local.views.unfold(sg) for sg in split_schedules()], contenders))
+    # Before any shard (a concrete search's split tries every concrete tiling of each part,
+    # attention_projections' for minutes: within the budgets).
+    merge(local.consider_best(split_schedules(local, max_states), contenders))
 
     def probe(first_depth: int, live_states: int = 0, live_pruned: int = 0) -> None:
         """Anytime, for large searches: once the one-kernel search has reached `probe_after`
@@ -542,6 +543,11 @@ def run_search(
         paused[:] = [live_states, live_pruned]
         running[0] = small.search
         try:
+            # Its parts are short: the program is cut into block graphs of its size first.
+            before = stats.states
+            base_states[0], base_pruned[0] = small.search.total_states, small.search.total_pruned
+            merge(small.consider_best(split_schedules(small, left, whole=True), contenders))
+            left -= stats.states - before
             for depth in range(first_depth, config.max_kernel_ops + 1):
                 if left <= 0 or not deeper_may_win(depth, small.search):
                     return

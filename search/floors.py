@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from itertools import combinations, product
 from typing import Any
 
@@ -259,8 +259,7 @@ class Floors:
             split = {t.classes[i.imap[a]] for i, t in zip(k.block.inputs, ins, strict=True) if i.imap[a] is not None}
             if NO_CLASS in split:
                 return 0.0
-            sizes = [self._class_sizes[c] for c in (split or self._class_sizes)]  # an axis splitting no input: any
-            axes.append((frozenset(split), math.lcm(*sizes)))
+            axes.append((frozenset(split), self._axis_extent(split)))
         reads = tuple(sorted(map(self._read, ins)))
         written = sum(self._bytes(t) for t in s.tensors if t.id in k.outputs)
         key = (reads, written, tuple(axes))
@@ -332,6 +331,11 @@ class Floors:
         if self.bound_s == float("inf") or self.target is None or not missing:
             return 0.0
         return self._read_floor([self._read(s.tensors[i]) for i in inputs], missing, loop, more_inputs)
+
+    def _axis_extent(self, split: Collection[int]) -> int:
+        """What a grid axis splitting these classes divides: their sizes' lcm (any class's for an
+        axis that splits no input)."""
+        return math.lcm(*(self._class_sizes[c] for c in (split or self._class_sizes)))
 
     def _read(self, t: KTensor) -> tuple[float, frozenset[int]]:
         """What a kernel reading `t` reads: its fewest bytes and the program dim classes it spans."""
@@ -459,7 +463,7 @@ class Floors:
             split = frozenset(block.classes.program[c] for c in classes)
             if NO_CLASS in split:
                 return None
-            axes.append((split, math.lcm(*(self._class_sizes[c] for c in (split or self._class_sizes)))))
+            axes.append((split, self._axis_extent(split)))
         reads = tuple(sorted(self._read(s.tensors[i]) for i in subset))
         written = sum(math.prod(d.int_value() for d in shape) for _, shape, _ in outputs) * self._nbytes
         options = tuple(sorted(set(axes), key=lambda a: (sorted(a[0]), a[1])))
@@ -605,7 +609,7 @@ class Floors:
                 had.add(c)
             for c in had:
                 owners[c] = owners.get(c, 0) + 1
-        read = tuple(sorted((self._bytes(t), frozenset(t.classes) - {NO_CLASS}) for t in tensors))
+        read = tuple(sorted(self._read(t) for t in tensors))
         key = (read, tuple(sorted(sizes.items())), tuple(sorted(owners.items())))
         hit = self._middle_owns.get(key)
         if hit is None:

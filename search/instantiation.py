@@ -11,7 +11,6 @@ from dataclasses import dataclass
 
 from superopt import costmodel
 from superopt.assignments import candidates as divisor_candidates
-from superopt.instantiate import Instance
 from superopt.sgraph import SGraph
 from superopt.targets import Target
 
@@ -20,7 +19,6 @@ from superopt.targets import Target
 class Ranked:
     params: dict[str, int]
     estimate: costmodel.Estimate
-    instance: Instance
 
 
 def candidate_values(sg: SGraph) -> dict[str, list[int]]:
@@ -34,6 +32,6 @@ def candidate_values(sg: SGraph) -> dict[str, list[int]]:
 def rank(sg: SGraph, target: Target, keep: int = 5, deadline: float | None = None) -> list[Ranked]:
     """The `keep` best instantiations of `sg` by estimated time (empty when none is valid)."""
     return [
-        Ranked(values, est, Instance(sg, values, target))
+        Ranked(values, est)
         for values, est in costmodel.rank(sg, target, candidate_values(sg), keep, deadline)
     ]

@@ -47,7 +47,9 @@ from superopt.sizes import Size
 from superopt.targets import Target
 from superopt.verifier.oracle import AE, Oracle
 
-FirstChoice = tuple[str, Any]  # ("library", move key) | ("graph" | "program", input tensor indices)
+# ("library", move key) | ("graph" | "program", input tensor indices); the driver's own shards:
+# ("split" | "settle" | "baseline", None)
+FirstChoice = tuple[str, Any]
 MIDDLES = ("library", "graph")  # kinds of second kernel, in the order graphs of 3+ kernels are grown
 BLOCK_CACHE_ENTRIES = 256  # input combinations whose block graphs are kept (least recently used go)
 BLOCK_CACHE_STATES = 100_000  # block graphs kept in all (beyond those of the combination being generated)
@@ -71,7 +73,6 @@ class KernelSearch(Floors):
     pruned: int = 0
     block_cache: dict[tuple[Any, ...], Lazy[BlockState]] = field(default_factory=dict)
     on_state: Callable[[KernelSearch], None] | None = None
-    deepen: Callable[[int], bool] | None = None
     # Branch and bound: graphs that must take longer than `bound_s` on `target` are not built.
     # Kernels already chosen take at least the cost model's best time for them alone; every
     # kernel to come costs a launch plus the bytes of the tensors it reads and writes at full
@@ -83,7 +84,7 @@ class KernelSearch(Floors):
     bounded: int = 0  # graphs cut by the bound (they might win at another shape)
     keep: int = 1  # first kernels kept per computation (`undominated`): the driver's contenders
     views: ProgramViews | None = None  # the views the searched program leaves out (estimates read them as stored)
-    _gen: Generator | None = None
+    _gen: Generator = field(init=False)
 
     def __post_init__(self) -> None:
         if self.target is not None:
@@ -113,7 +114,6 @@ class KernelSearch(Floors):
     def forget(self) -> None:
         """Break the reference cycles that keep a finished search alive (`Generator.forget`, the
         lazily generated block graphs, the progress callback)."""
-        assert self._gen is not None
         self._gen.forget()
         self.block_cache.clear()
         self.on_state = None
@@ -121,12 +121,10 @@ class KernelSearch(Floors):
     # -- budget ----------------------------------------------------------------------------------
     @property
     def total_states(self) -> int:
-        assert self._gen is not None
         return self.states + self._gen.states
 
     @property
     def total_pruned(self) -> int:
-        assert self._gen is not None
         return self.pruned + self._gen.pruned
 
     def _tick(self) -> None:
@@ -150,11 +148,9 @@ class KernelSearch(Floors):
 
     def candidates(self) -> Iterator[SGraph]:
         """Every candidate sGraph, fewest kernels first (iterative deepening over the kernel count:
-        one-kernel answers come before any deeper branch is explored). `deepen(depth)` may stop
-        the deepening (when no schedule of that many kernels can beat the best found)."""
+        one-kernel answers come before any deeper branch is explored; the driver's shards walk the
+        same choices, with its bound)."""
         for depth in range(1, self.config.max_kernel_ops + 1):
-            if self.deepen is not None and not self.deepen(depth):
-                return
             for choice in self.first_choices(depth):
                 yield from self.candidates_in(depth, choice)
 
@@ -187,16 +183,14 @@ class KernelSearch(Floors):
 
     def body_part(self, choice: FirstChoice, part: tuple[int, int]) -> list[Body]:
         """A part of the loop bodies of a graph choice's first kernel (`Generator.body_part`)."""
-        assert self._gen is not None
         return self._gen.body_part(self._first_start(choice), part)
 
     def adopt_bodies(self, choice: FirstChoice, bodies: Sequence[Body], part: tuple[int, int]) -> None:
         """Use these loop bodies (all parts of `body_part`) for a part of the choice's first kernel."""
-        assert self._gen is not None
         self._gen.adopt_bodies(self._first_start(choice), bodies, part)
 
     def _first_start(self, choice: FirstChoice) -> BlockState:
-        assert self._gen is not None and choice[0] == "graph"
+        assert choice[0] == "graph"
         root = self.initial()
         return self._gen.start([self._spec(root.tensors[i], i, False) for i in choice[1]])
 
@@ -279,16 +273,18 @@ class KernelSearch(Floors):
             self._first_kernels[key] = self.undominated(ranked)
         return self._first_kernels[key]
 
-    def program_split(self) -> list[SGraph]:
+    def program_split(self, whole: bool = False) -> list[SGraph]:
         """Schedules of a program too large for one kernel, cut into consecutive parts that each
-        fit one (`_split`), in two orders (`_split_orders`), each giving its schedules. A fused
-        schedule at once, and a bound, where the one-kernel search may outlast any budget (a
-        12-op chain over two inputs) or cannot hold the program (heads split by a reshape in the
-        middle: the search reaches 3 kernels late). Empty when the program fits one block graph
-        (the search starts with it), or no order can be cut."""
+        fit one (`_split`), in the listed order and the library ops' (`_split_orders`), each
+        giving its schedules. A fused schedule at once, and a bound, where the one-kernel search
+        may outlast any budget (a 12-op chain over two inputs) or cannot hold the program (heads
+        split by a reshape in the middle: the search reaches 3 kernels late). Empty when the
+        program fits one block graph by its op and input counts (`fits_one_part`: the search
+        starts with it) unless `whole` (the driver's probe, once the one-kernel search is large:
+        a gated MLP with its residual, whose weights no one block holds whole, has no one-kernel
+        schedule of valid sizes), or no order can be cut."""
         orders = self._split_orders()
-        listed = orders[0]
-        if not listed or self._part_ends(listed, 0)[:1] == [len(listed)]:
+        if not orders[0] or (self.fits_one_part() and not whole):
             return []
         found: dict[str, SGraph] = {}
         for order in orders:
@@ -296,6 +292,11 @@ class KernelSearch(Floors):
                 if sg is not None:
                     found.setdefault(sg.dumps(), sg)
         return list(found.values())
+
+    def fits_one_part(self) -> bool:
+        """The whole program is one part of `_split` by its op and input counts."""
+        listed = self._split_orders()[0]
+        return bool(listed) and self._part_ends(listed, 0)[:1] == [len(listed)]
 
     def _split(self, ops_: list[Node]) -> tuple[list[list[Node]], list[KState]]:
         """The ops (in a dependency order) cut into consecutive parts, and the `SPLIT_KEEP`
@@ -309,7 +310,7 @@ class KernelSearch(Floors):
         the layer); cut before the down projection, 16.0 us. ([], []) when no cut reaches the end."""
         reached: dict[int, list[tuple[KState, tuple[list[Node], ...]]]] = {0: [(self.initial(), ())]}
         for start in range(len(ops_)):
-            here = sorted(reached.pop(start, []), key=lambda e: self._split_cost(e[0]))[:SPLIT_KEEP]
+            here = self._cheapest(reached.pop(start, []))
             ends = 0
             for end in self._part_ends(ops_, start) if here else []:
                 nodes = ops_[start:end]
@@ -321,8 +322,14 @@ class KernelSearch(Floors):
                     ends += 1
                     if ends == SPLIT_ENDS:
                         break
-        done = sorted(reached.get(len(ops_), []), key=lambda e: self._split_cost(e[0]))[:SPLIT_KEEP]
+        done = self._cheapest(reached.get(len(ops_), []))
         return (list(done[0][1]) if done else []), [st for st, _ in done]
+
+    def _cheapest(self, reached: list[tuple[KState, Any]]) -> list[tuple[KState, Any]]:
+        """The `SPLIT_KEEP` cheapest partial schedules (`_split_cost`), each once (two cuts may
+        build the same kernels)."""
+        distinct = {repr(e[0].kernels): e for e in reversed(reached)}  # the first of equal ones
+        return sorted(reversed(distinct.values()), key=lambda e: self._split_cost(e[0]))[:SPLIT_KEEP]
 
     def _split_orders(self) -> list[list[Node]]:
         """The program's ops as it lists them, and (when different) with each library op as early
@@ -348,8 +355,8 @@ class KernelSearch(Floors):
         """Where a part of the ops from `start` may end, longest first: an op no block graph has
         alone; else runs of at most `max_block_ops` block ops, at most `max_block_inputs` tensors
         read from outside and at most `MAX_ACCUMULATORS` values read after them (or returned),
-        each of which nothing in its own run reads (a block graph writes its sinks, its
-        accumulators)."""
+        each of which nothing in its own run reads unless the program returns it (a block graph
+        writes its sinks, its accumulators)."""
         if ops_[start].op not in self.space.block_ops:
             return [start + 1]
         stop = next((k for k in range(start, len(ops_)) if ops_[k].op not in self.space.block_ops), len(ops_))
@@ -372,12 +379,14 @@ class KernelSearch(Floors):
         ids = {n.id for n in nodes}
         held: dict[str, int] = {}
         for i in (i for n in nodes for i in n.inputs if i not in ids and self.program.nodes[i].op != "const"):
-            node, cls = self.program.nodes[i], self.oracle.class_of(self._values[i][0])
-            match = next((k for k, t in enumerate(s.tensors) if t.chunk is None and t.shape == node.size_shape
-                          and cls is not None and self.oracle.class_of(t.ae) == cls), None)
-            if match is None:
-                return
-            held[i] = match
+            if i not in held:
+                # another tensor than the operands' so far where one is: a square value and its
+                # transpose may agree in shape, value and dim classes
+                matches = self._holding(s, i)
+                match = next((k for k in matches if k not in held.values()), next(iter(matches), None))
+                if match is None:
+                    return
+                held[i] = match
         # No canonical order between parts: this kernel may read older tensors than the last one.
         unordered = KState(s.tensors, s.kernels, (), s.graph_kernels)
         if nodes[0].op not in self.space.block_ops:
@@ -389,7 +398,7 @@ class KernelSearch(Floors):
             return
         part = Program(f"{self.program.name}.part")
         name = {i: s.tensors[k].id for i, k in held.items()}  # inputs: the tensors' ids; ops: the builder's
-        for i in sorted(held, key=held.__getitem__):
+        for i in sorted({k: i for i, k in held.items()}.values(), key=held.__getitem__):  # a tensor once
             node = self.program.nodes[i]
             part.input(name[i], node.shape, node.dtype or "f32")
         for n in nodes:
@@ -397,11 +406,23 @@ class KernelSearch(Floors):
                         else Tensor(part, name[i]) for i in n.inputs]
             name[n.id] = part.op(n.op, *operands, **dict(n.attrs)).id
         read_later = {i for m in self.program.topological() if m.id not in ids for i in m.inputs}
-        part.outputs = [name[n.id] for n in nodes if n.id in read_later or n.id in self.program.outputs]
-        subset = tuple(sorted(held.values()))
+        kept = [n.id for n in nodes if n.id in read_later or n.id in self.program.outputs]
+        part.outputs = [name[i] for i in kept]
+        subset = tuple(sorted(set(held.values())))
         for nxt in self._graph_moves(unordered, False, only=subset, program=part):
-            if all(t.chunk is None for t in nxt.tensors[len(s.tensors):]):
+            # every value the part must keep written (a kernel may write others of the same class)
+            if all(t.chunk is None for t in nxt.tensors[len(s.tensors):]) \
+                    and all(max(self._holding(nxt, i), default=-1) >= len(s.tensors) for i in kept):
                 yield nxt
+
+    def _holding(self, s: KState, node: str) -> list[int]:
+        """The tensors of `s` holding a program node's value as the program lays it out: its shape,
+        its value's class and its dims' classes."""
+        (ae, classes), shape = self._values[node], self.program.nodes[node].size_shape
+        cls = self.oracle.class_of(ae)
+        return [] if cls is None else [
+            k for k, t in enumerate(s.tensors) if t.chunk is None and t.shape == shape
+            and same_classes(t.classes, classes) and self.oracle.class_of(t.ae) == cls]
 
     def _at_depth(
         self, state: KState, depth: int, rereads: bool | None = None, part: tuple[int, int] = (1, 0),
@@ -530,7 +551,6 @@ class KernelSearch(Floors):
         later kernels must move: as `_ranked_first`). `program`: only the
         block graphs that compute this program (the whole one over its inputs, or a part of it
         over the tensors `only`, its inputs named by their ids: `program_split`)."""
-        assert self._gen is not None
         indices = range(len(s.tensors))
         missing = self._missing(s) if final else []
         needed = self._inputs_of(missing) if final else set()
@@ -621,7 +641,7 @@ class KernelSearch(Floors):
         `program`: only the block graphs computing it (as `_graph_moves`)."""
         kid = f"k{len(s.kernels)}"
         ids = [t.id for t in s.tensors]
-        for axes, loop in concrete_tilings(specs):
+        for axes, loop in concrete_tilings(specs, self.config.max_grid_axes):
             tiled = [InputSpec(sp.tensor, _tile(sp, axes, loop), sp.ae, sp.classes) for sp in specs]
             if any(d < 1 for sp in tiled for d in sp.shape):
                 continue
@@ -652,7 +672,6 @@ class KernelSearch(Floors):
         (the same inputs recur across kernel-level states): a later walk over the same inputs
         replays what was generated and continues from there. Kept for the most recently used
         combinations of inputs, within `BLOCK_CACHE_ENTRIES` and `BLOCK_CACHE_STATES`."""
-        assert self._gen is not None
         key = (part, *((sp.shape, sp.ae, sp.classes, sp.tied_dim) for sp in specs))
         lazy = self.block_cache.pop(key, None)
         if lazy is None:
@@ -669,7 +688,6 @@ class KernelSearch(Floors):
     def _program_blocks(self, s: KState, specs: Sequence[InputSpec], program: Program) -> Iterator[BlockState]:
         """The block graphs computing `program` over the tensors of `s` that `specs` read (its
         inputs are named by their ids)."""
-        assert self._gen is not None
         tiles = {s.tensors[sp.tensor].id: k for k, sp in enumerate(specs)}
         for state in self._gen.program_graphs(self._gen.start(specs), program, tiles):
             self._tick()
@@ -740,13 +758,14 @@ def _signature(k: GraphKernel) -> str:
 
 GRID_TILES = (8, 16, 32, 64, 128, 256)  # Mirage's 1-D grid candidates: dim / tile for these tiles
 ConcreteAxis = tuple[frozenset[int], int]  # program dim classes a grid axis splits (side by side when more), size
-LOOP_RANGES = (1, 4, 16, 64)  # Mirage's loop ranges, plus no loop
+LOOP_RANGES = (4, 16, 64)  # Mirage's loop ranges
 
 
-def concrete_tilings(specs: Sequence[InputSpec]) -> Iterator[tuple[list[ConcreteAxis], tuple[frozenset[int], int]]]:
-    """Every concrete choice of grid axes (`ConcreteAxis`) and loop (classes, range) for these
-    inputs, in a fixed order (`_concrete_grids`), each with a loop over one or two classes (or
-    none) whose range divides what it walks."""
+def concrete_tilings(specs: Sequence[InputSpec], max_axes: int = 3,
+                     ) -> Iterator[tuple[list[ConcreteAxis], tuple[frozenset[int], int]]]:
+    """Every concrete choice of at most `max_axes` grid axes (`ConcreteAxis`) and loop (classes,
+    range) for these inputs, in a fixed order (`_concrete_grids`), each with a loop over one or
+    two classes (or none) whose range divides what it walks."""
     extent: dict[int, int] = {}
     owners: dict[int, set[int]] = {}
     for sp in specs:
@@ -755,13 +774,11 @@ def concrete_tilings(specs: Sequence[InputSpec]) -> Iterator[tuple[list[Concrete
                 extent[c] = size
                 owners.setdefault(c, set()).add(sp.tensor)
     classes = sorted(extent)
-    for axes in _concrete_grids(classes, _concrete_groups(classes, extent, owners), extent):
+    for axes in _concrete_grids(classes, _concrete_groups(classes, extent, owners), extent, max_axes):
         split = {c: size for group, size in axes for c in group}
         for n_loop in (0, 1, 2):
             for walked in combinations(classes, n_loop):
                 for rng in LOOP_RANGES if walked else (1,):
-                    if walked and rng == 1:
-                        continue
                     left = {c: extent[c] // split.get(c, 1) for c in walked}
                     if all(left[c] % rng == 0 and left[c] > rng for c in walked):
                         yield axes, (frozenset(walked), rng)
@@ -780,26 +797,27 @@ def _concrete_groups(classes: list[int], extent: dict[int, int], owners: dict[in
     return groups
 
 
-def _concrete_grids(classes: list[int], groups: list[frozenset[int]], extent: dict[int, int],
+def _concrete_grids(classes: list[int], groups: list[frozenset[int]], extent: dict[int, int], max_axes: int,
                     ) -> Iterator[list[ConcreteAxis]]:
-    """One block (an axis of size 1, as the symbolic search instantiates one), then 1 to 3 axes
-    on distinct classes (in class order: permuted grids are the same schedule), each of a size
-    n / tile for Mirage's tiles; then the grids with side-by-side axes over `groups`."""
+    """One block (an axis of size 1, as the symbolic search instantiates one), then 1 to
+    `max_axes` axes on distinct classes (in class order: permuted grids are the same schedule),
+    each of a size n / tile for Mirage's tiles (a class no tile divides is not split: an axis of
+    size 1 would be the grid without it again); then the grids with side-by-side axes over
+    `groups`."""
     if classes:
         yield [(frozenset({classes[0]}), 1)]
     singles = [frozenset({c}) for c in classes]
     for options in (singles, singles + groups):
-        for n_axes in (1, 2, 3):
+        for n_axes in range(1, max_axes + 1):
             for chosen in combinations(options, n_axes):
                 if options is not singles and all(len(o) == 1 for o in chosen):
                     continue  # listed with the singles already
                 if len(frozenset().union(*chosen)) < sum(map(len, chosen)):
                     continue  # two axes over one class
                 size_options = [[extent[min(o)] // t for t in GRID_TILES if extent[min(o)] % t == 0 and
-                                 extent[min(o)] > t] or [1] for o in chosen]
+                                 extent[min(o)] > t] for o in chosen]
                 for sizes in _grid_product(size_options):
-                    if n_axes > 1 or sizes != (1,) or chosen[0] != singles[0]:  # not the one block again
-                        yield list(zip(chosen, sizes, strict=True))
+                    yield list(zip(chosen, sizes, strict=True))
 
 
 def _grid_product(options: list[list[int]]) -> Iterator[tuple[int, ...]]:

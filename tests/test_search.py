@@ -721,7 +721,7 @@ def test_a_program_too_large_for_one_kernel_is_cut_into_fused_parts_at_once(h100
     clash = Program.from_json(json.loads(json.dumps(clash.to_json()).replace(f'"{last.id}"', '"k0_out0"')))
     assert clash.outputs == ["k0_out0"]
     assert KernelSearch(clash, space_of(clash), Oracle(clash), SearchConfig(), target=h100).program_split()
-    monkeypatch.setattr(KernelSearch, "program_split", lambda self: [])
+    monkeypatch.setattr(KernelSearch, "program_split", lambda self, whole=False: [])
     unseeded = run_search(p, h100, SearchConfig(), max_states=3_000)
     assert unseeded.best.sgraph.name.endswith(".unfused")
     # A program that fits one kernel has its own block graph instead: no parts to cut.
@@ -769,7 +769,7 @@ def test_a_reshape_between_fused_parts_is_a_library_kernel_of_the_split(h100, mo
     baseline = next(v for v in seeded.verified if v.sgraph.name.endswith(".unfused"))
     assert seeded.best.verdict.proved and seeded.best.sgraph.dumps() in {sg.dumps() for sg in split}
     assert seeded.best.best.estimate.time_us < baseline.best.estimate.time_us / 2  # 5.9 us against 12.0
-    monkeypatch.setattr(KernelSearch, "program_split", lambda self: [])
+    monkeypatch.setattr(KernelSearch, "program_split", lambda self, whole=False: [])
     unseeded = run_search(p, h100, SearchConfig(), max_states=3_000)
     assert unseeded.best.sgraph.name.endswith(".unfused")
 
@@ -793,6 +793,51 @@ def test_a_split_part_no_kernel_can_hold_is_cut_shorter(h100):
         ["mul"], ["reshape"], ["rms_norm", "matmul", "silu", "matmul", "mul"], ["matmul", "add"]]
     split = ks.program_split()
     assert split and all(rank(sg, h100) for sg in split)
+
+
+def test_a_program_one_kernel_cannot_hold_is_split_by_the_probe(h100):
+    """The same MLP without the reshape fits one block graph by its op and input counts, so the
+    split was skipped, though no one-kernel schedule has valid sizes; its one-kernel search runs
+    tens of thousands of states. `program_split(whole=True)` cuts it anyway, and the probe (after
+    the first 5,000 states) runs it first: the 2-kernel schedule is the winner at 6,000 states."""
+    p = Program("mlp_residual")
+    x = p.input("X", (32, 256), "f16")
+    wg, wu, wd = p.input("Wg", (256, 512), "f16"), p.input("Wu", (256, 512), "f16"), p.input("Wd", (512, 256), "f16")
+    xn = p.rms_norm(x, -1)
+    p.output(p.op("add", x, (p.silu(xn @ wg) * (xn @ wu)) @ wd, name="O"))
+    ks = KernelSearch(p, space_of(p), Oracle(p), SearchConfig(), target=h100)
+    assert ks.fits_one_part() and ks.program_split() == []
+    assert {len(sg.graph_kernels) for sg in ks.program_split(whole=True)} == {2}
+    result = run_search(p, h100, SearchConfig(), max_states=6000)
+    assert result.best.verdict.proved and len(result.best.sgraph.graph_kernels) == 2
+    [baseline] = [v for v in result.verified if v.sgraph.name.endswith(".unfused")]
+    assert result.best.best.estimate.time_s < baseline.best.estimate.time_s / 2
+
+
+def test_split_parts_read_a_value_and_its_transpose_and_write_every_value_they_keep(h100):
+    """Found by a fuzz of split programs. A part reading a square value and its transpose (a Gram
+    matrix a @ a^T, whose transpose is computed from views of the inputs) took one tensor for
+    both, the value and its transpose agreeing in shape and value class: the part program got
+    one input twice and optimize failed ("duplicate node id"). Operands now match by their dims'
+    classes too, and two operands take two tensors where there are two. And a part's kernel that
+    did not write a value the part returns (gelu(X @ W0 + X), returned and read by the rest) was
+    kept, the cheapest schedules were all such, and the split gave none."""
+    gram = Program("gram")
+    a = gram.input("X", (16, 64), "f16") @ gram.input("Wa", (64, 16), "f16")
+    gram.output(a @ gram.transpose(a, (1, 0)))
+    ks = KernelSearch(gram, space_of(gram), Oracle(gram), SearchConfig(), target=h100)
+    assert ks.program_split()
+    assert run_search(gram, h100, SearchConfig(), max_states=300).best.verdict.proved
+    p = Program("returned_and_read")
+    x = p.input("X", (12, 32), "f32")
+    h = p.op("gelu", x @ p.input("W0", (32, 32), "f32") + x)
+    o = p.rms_norm(p.rms_norm(h @ p.input("W1", (32, 96), "f32"), -1) @ p.input("W2", (96, 32), "f32"), -1)
+    p.output(h, o @ p.input("W3", (32, 64), "f32"))
+    ks = KernelSearch(p, space_of(p), Oracle(p), SearchConfig(), target=h100)
+    split = ks.program_split()
+    assert split and all(len(sg.graph_kernels) <= 3 for sg in split)
+    result = run_search(p, h100, SearchConfig(), max_states=300)
+    assert result.best.verdict.proved and not result.best.sgraph.name.endswith(".unfused")
 
 
 def test_the_split_moves_library_ops_early_so_independent_projections_share_a_kernel(h100):
@@ -2046,6 +2091,21 @@ def test_concrete_grids_include_one_block_as_the_symbolic_search_does():
         (frozenset(), 1), (frozenset({0}), 4), (frozenset({1}), 4)]
     assert [(frozenset({2}), 6144 // 8)] in grids and all(1 <= len(g) <= 3 for g in grids)
     assert all(len(classes) == 1 for g in grids for classes, _ in g)  # X rows, W columns: extents differ
+
+
+def test_concrete_grids_split_what_a_tile_divides_within_the_axis_limit():
+    """A class no tile of Mirage's divides (12 rows) is not split: an axis of size 1 over it was
+    the grid without it again (the same schedules searched twice). `max_grid_axes` bounds the
+    concrete grids as it bounds the symbolic ones."""
+    from superopt.search.kernel import concrete_tilings
+
+    specs = [InputSpec(0, (12, 64), ("inp", "X"), (0, 1)), InputSpec(1, (64, 48), ("inp", "W"), (1, 2))]
+    grids = [axes for axes, loop in concrete_tilings(specs) if loop == (frozenset(), 1)]
+    assert grids[0] == [(frozenset({0}), 1)] and all(size > 1 for g in grids[1:] for _, size in g)
+    assert {(min(c), size) for g in grids[1:] for c, size in g} == {(1, 8), (1, 4), (1, 2), (2, 6), (2, 3)}
+    assert len({tuple(g) for g in grids}) == len(grids) == 1 + 5 + 3 * 2
+    one_axis = [axes for axes, loop in concrete_tilings(specs, max_axes=1) if loop == (frozenset(), 1)]
+    assert one_axis == grids[:6]
 
 
 def test_concrete_search_splits_independent_projections_side_by_side(h100):
