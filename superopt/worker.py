@@ -127,8 +127,10 @@ class Worker:
         try:
             view = self._run(claim)
         except KeyboardInterrupt:
-            self.queue.release(claim)
-            self.log(f"job {claim.job_id} given back to the queue")
+            if self.queue.release(claim):
+                self.log(f"job {claim.job_id} given back to the queue")
+            else:  # stopped once the job had ended (its result written): it keeps its state
+                self.log(describe(self.queue.get(claim.job_id)))
             raise
         except JobAborted:
             view = None

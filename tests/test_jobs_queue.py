@@ -213,6 +213,34 @@ def test_progress_is_recorded_while_the_search_runs_and_cancelling_stops_it(db, 
     assert queue.cancel(queued.id).state is JobState.cancelled and queue.claim("w") is None
 
 
+def test_a_worker_stopped_after_its_job_ended_says_how_it_ended(db, monkeypatch):
+    """A worker's SIGTERM (a KeyboardInterrupt) that lands after the job's result was written
+    logged "given back to the queue" (seen in CI under load), though the job had succeeded and
+    stayed so; one that lands during the search gives the job back."""
+    queue = JobQueue(db)
+    job = queue.submit(workloads.resolve("gated_mlp:ci"), target="h100")
+    finish = JobQueue.finish
+
+    def finish_then_stop(self: JobQueue, *args: object, **kwargs: object) -> JobView | None:
+        finish(self, *args, **kwargs)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(JobQueue, "finish", finish_then_stop)
+    lines: list[str] = []
+    with pytest.raises(KeyboardInterrupt):
+        Worker(db, optimize=optimize, log=lines.append).run_one()
+    assert queue.get(job.id).state is JobState.succeeded
+    assert len(lines) == 1 and lines[0].startswith(f"job {job.id} succeeded: ")
+
+    def stopped(*args: object, **kwargs: object) -> None:
+        raise KeyboardInterrupt
+
+    second = queue.submit(workloads.resolve("gated_mlp:ci"), target="h100", force=True)
+    with pytest.raises(KeyboardInterrupt):
+        Worker(db, optimize=stopped, log=lines.append).run_one()
+    assert queue.get(second.id).state is JobState.queued and lines[1] == f"job {second.id} given back to the queue"
+
+
 def test_killed_worker_job_is_requeued_and_completed_by_another(url, db):
     queue = JobQueue(db)
     job = queue.submit(workloads.resolve("qknorm_gqa:ci"), target="h100")

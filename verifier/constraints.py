@@ -3,9 +3,9 @@
 `satisfiable(sg, target)` decides whether any instantiation exists (and gives one), from the
 constraints alone: each `divides` constraint n / (product of symbols) becomes n = k * product with
 k a positive integer, the block cap and shared-memory limit become polynomial inequalities after
-clearing denominators. The search uses it to drop a symbolic sGraph that no size can realize
-before spending a proof on it; `assignments` enumerates models (a cross-check of the fast
-enumerator in superopt.assignments).
+clearing denominators: a cross-check of the fast enumerator the search uses
+(superopt.assignments: `first_assignment` drops a symbolic sGraph no size can realize before a
+proof is spent on it), as is `assignments`, which enumerates models.
 
 `tile_map_lemmas()` proves, for symbolic sizes, the index arithmetic that the layout rules rest
 on: the map from (tile index, offset) to an element index is in bounds, one-to-one and onto, for
@@ -28,7 +28,7 @@ from superopt.targets import Target
 def _encode(sg: SGraph, target: Target, bound: int) -> tuple[z3.Solver, dict[str, z3.ArithRef]]:
     syms = {s: z3.Int(s) for s in sorted(sg.symbols)}
     s = z3.Solver()
-    s.set(timeout=5000)
+    s.set(timeout=30_000)  # gqa's reference takes 0.2 s, its first check in a process 3 s: slack for loaded machines
     for v in syms.values():
         s.add(v >= 1, v <= bound)
     for i, c in enumerate(sg.info.constraints):
