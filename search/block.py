@@ -282,33 +282,57 @@ class Generator:
         self._adopted[start, part] = Lazy(self._first_per_signature(iter(states)))
 
     def program_graphs(self, start: BlockState, program: Program, tiles: Mapping[str, int]) -> Iterator[BlockState]:
-        """The complete block graphs whose loop body is the program itself (`tiles`: the start
-        tile of each program input), its ops added in canonical order (always the least key among
-        the ops whose operands exist: keys then increase, as `_try` requires): the one-kernel
-        fusion of the whole program, tiled later like any block graph, its accumulators written as
-        they are. Nothing when an op cannot be a block op here (not in the space, or refused by
-        `_try`: the op bound, a value the program computes twice)."""
-        placed = dict(tiles)
-        pending = [n for n in program.topological() if n.op not in ("input", "const")]
-        state: BlockState | None = start
-        while pending and state is not None:
-            steps = [(step, n) for n in pending if (step := self._program_step(n, program, placed, state)) is not None]
-            if not steps:
-                return
-            step, node = min(steps, key=lambda sn: (max(sn[0][1]), sn[0][1], self._rank[sn[0][0]], *sn[0][2:]))
-            self.states += 1
-            if self.on_state is not None:
-                self.on_state()
-            state = self._try(state, *step)
-            if state is not None:
-                placed[node.id] = len(state.tiles) - 1
-                pending.remove(node)
-        if state is not None:
+        """The complete block graphs computing the program (`tiles`: the start tile of each
+        program input), tiled later like any block graph: the one-kernel fusion of the whole
+        program. First with every op in the loop body, its accumulators written as they are; then,
+        when the program has ops that only finish products (`_post_loop_ops`: silu(X @ Wg) *
+        (X @ Wu)), with those after the loop over the products' accumulators, so that a loop can
+        walk the products' shared dim (silu of a partial sum is not the sum). Nothing when an op
+        cannot be a block op here (not in the space, or refused by `_try`: the op bound, a value
+        computed twice)."""
+        ops_ = [n for n in program.topological() if n.op not in ("input", "const")]
+        placed = self._place(start, ops_, program, tiles)
+        if placed is not None:
             # The body computes the program: an op after the loop would compute something else,
             # so the accumulators are written as they are (walking post-loop graphs over them
             # took 10 s for a 5-op part of a program too large for one kernel), as many as there
             # are (`max_outputs` bounds what the search grows; this graph is given).
-            yield from (accs for accs in self._with_accumulators(state) if self.complete(accs, MAX_ACCUMULATORS))
+            yield from (accs for accs in self._with_accumulators(placed[0]) if self.complete(accs, MAX_ACCUMULATORS))
+        post = _post_loop_ops(program)
+        placed = self._place(start, [n for n in ops_ if n.id not in post], program, tiles) if post else None
+        if placed is None:
+            return
+        body, where = placed
+        for accs in self._with_accumulators(body):
+            accumulated = {node: k for node, tile in where.items() for k, t in enumerate(accs.tiles)
+                           if t.op == "acc" and t.args == (tile,)}
+            done = self._place(accs, [n for n in ops_ if n.id in post], program, accumulated)
+            if done is not None and self.complete(done[0], MAX_ACCUMULATORS):
+                yield done[0]
+
+    def _place(self, start: BlockState, nodes: list[Node], program: Program, tiles: Mapping[str, int],
+               ) -> tuple[BlockState, dict[str, int]] | None:
+        """`start` with these program nodes added in canonical order (always the least key among
+        the nodes whose operands are tiles: keys then increase, as `_try` requires), and the tile
+        of each node and of `tiles`; None when one cannot be added."""
+        placed = dict(tiles)
+        pending = list(nodes)
+        state = start
+        while pending:
+            steps = [(step, n) for n in pending if (step := self._program_step(n, program, placed, state)) is not None]
+            if not steps:
+                return None
+            step, node = min(steps, key=lambda sn: (max(sn[0][1]), sn[0][1], self._rank[sn[0][0]], *sn[0][2:]))
+            self.states += 1
+            if self.on_state is not None:
+                self.on_state()
+            nxt = self._try(state, *step)
+            if nxt is None:
+                return None
+            state = nxt
+            placed[node.id] = len(state.tiles) - 1
+            pending.remove(node)
+        return state, placed
 
     def _program_step(self, n: Node, program: Program, placed: Mapping[str, int], s: BlockState) -> Step | None:
         """Program node `n` as a generator step on the tiles of `placed` (None while an operand is
@@ -769,6 +793,19 @@ class Generator:
                 return False
         written = sum(1 for k, t in enumerate(s.tiles) if t.phase == 1 and k not in s.used)
         return written <= (self.max_outputs if max_outputs is None else max_outputs)
+
+
+def _post_loop_ops(program: Program) -> set[str]:
+    """The program's ops that may run after a loop over its products: no product reads them (or
+    anything computed from them), they read no program input, and nothing of the loop body reads
+    them; they read the body's values only through their accumulators."""
+    ops_ = [n for n in program.topological() if n.op not in ("input", "const")]
+    inputs = {n.id for n in program.nodes.values() if n.op == "input"}
+    body = {n.id for n in ops_ if n.op == "matmul" or any(i in inputs for i in n.inputs)}
+    for n in reversed(ops_):  # what the body and the products read is body too
+        if n.id in body:
+            body.update(i for i in n.inputs if program.nodes[i].op not in ("input", "const"))
+    return {n.id for n in ops_ if n.id not in body}
 
 
 def _signature(s: BlockState, first: int) -> tuple[Any, ...]:

@@ -374,8 +374,9 @@ class KernelSearch(Floors):
 
     def _part_moves(self, s: KState, nodes: list[Node]) -> Iterator[KState]:
         """`s` and one kernel computing these program nodes from the tensors of `s` that hold
-        their operands (as `_split` cuts them): a graph kernel, or the library kernel of
-        an op no block graph has."""
+        their operands (as `_split` cuts them): a graph kernel, or the library kernel of a part of
+        one op without constant operands (the only kernel of an op no block graph has; for a
+        product whose left operand has few rows, the library's is faster than any block graph)."""
         ids = {n.id for n in nodes}
         held: dict[str, int] = {}
         for i in (i for n in nodes for i in n.inputs if i not in ids and self.program.nodes[i].op != "const"):
@@ -389,12 +390,13 @@ class KernelSearch(Floors):
                 held[i] = match
         # No canonical order between parts: this kernel may read older tensors than the last one.
         unordered = KState(s.tensors, s.kernels, (), s.graph_kernels)
-        if nodes[0].op not in self.space.block_ops:
-            n = nodes[0]
+        n = nodes[0]
+        if len(nodes) == 1 and len(held) == len(set(n.inputs)):  # one op, no constant operand
             args = tuple(s.tensors[held[i]].id for i in n.inputs)
             moves = self._library_moves(unordered, False, only=(n.op, tuple(held[i] for i in n.inputs)))
             yield from (nxt for nxt in moves if isinstance(k := nxt.kernels[-1], LibraryKernel)
                         and (k.op, k.inputs, k.attrs) == (n.op, args, dict(n.attrs)))
+        if n.op not in self.space.block_ops:
             return
         part = Program(f"{self.program.name}.part")
         name = {i: s.tensors[k].id for i, k in held.items()}  # inputs: the tensors' ids; ops: the builder's

@@ -28,6 +28,16 @@ def attention_block(s: int, d: int, heads: int) -> Program:
     return p
 
 
+def llama_mlp(m: int, d: int, f: int) -> Program:
+    """A llama MLP block with its residual: X + (silu(Xn @ Wg) * (Xn @ Wu)) @ Wd, Xn = rms_norm(X)."""
+    p = Program("llama_mlp")
+    x = p.input("X", (m, d), "f16")
+    wg, wu = p.input("Wg", (d, f), "f16"), p.input("Wu", (d, f), "f16")
+    xn = p.rms_norm(x, -1)
+    p.output(p.op("add", x, (p.silu(xn @ wg) * (xn @ wu)) @ p.input("Wd", (f, d), "f16"), name="O"))
+    return p
+
+
 def projections() -> Program:
     """Q, K and V projections of one X: independent outputs, fused side by side (one grid axis
     over the columns of all three weights)."""

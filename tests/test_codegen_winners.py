@@ -13,6 +13,7 @@ from kernel_shapes import (
     attention_block,
     candidate,
     grouped_projections,
+    llama_mlp,
     norm_then_softmax,
     projections,
     softmax_of_transposed,
@@ -28,7 +29,11 @@ from superopt.dtypes import dtype
 from superopt.instantiate import instantiate
 from superopt.reference import evaluate, max_rel_err, random_inputs
 from superopt.search.driver import run_search
+from superopt.search.instantiation import rank
+from superopt.search.kernel import KernelSearch
+from superopt.search.space import space_of
 from superopt.sgraph import GraphKernel, TensorDecl, check_matches, rebind
+from superopt.verifier.oracle import Oracle
 
 SEARCHES = list(workloads.WORKLOADS)  # each searched once at :ci per session (the `searched` fixture)
 
@@ -95,15 +100,36 @@ def test_a_kernel_writing_every_value_the_program_returns_runs_correctly(h100, m
 def test_a_split_attention_block_runs_correctly_in_the_cpu_harness(h100):
     """The program split's schedule of a multi-head attention block: one kernel writes the Q, K
     and V projections side by side (three outputs, more than the search grows), views split the
-    heads, one kernel attends, a copy merges the heads, one kernel projects."""
+    heads, one kernel attends, a copy merges the heads, the library's matmul projects."""
     p = attention_block(16, 64, 2)
-    best = run_search(p, h100, SearchConfig(), max_states=300).best
+    best = run_search(p, h100, SearchConfig(), max_states=600).best
     assert max(len(k.outputs) for k in best.sgraph.kernels if isinstance(k, GraphKernel)) == 3
     prog = generate(instantiate(best.sgraph, best.best.params, H100))
     for seed in (11, 12):
         inputs = random_inputs(p, seed)
         [got] = runner.run(prog, inputs)
         assert max_rel_err(got, evaluate(p, inputs)[0]) <= dtype("f16").tolerance, seed
+
+
+@pytest.mark.skipif(runner.gxx() is None or nvcc_path() is None, reason="needs g++ (the CPU harness) and nvcc")
+def test_a_split_gated_kernel_with_a_post_loop_phase_runs_correctly(h100):
+    """The llama MLP block's split schedule at its real width: a gated kernel that loops over the
+    normalized X's columns and finishes silu and the product after the loop, between library
+    kernels. Compiled for sm_90 at that width without spills; rebound to a small width, right in
+    the CPU harness at two tilings."""
+    p = llama_mlp(16, 4096, 11008)
+    ks = KernelSearch(p, space_of(p), Oracle(p), SearchConfig(), target=h100)
+    best = min(ks.program_split(whole=True), key=lambda sg: rank(sg, h100)[0].estimate.time_s)
+    assert [o.op for o in best.graph_kernels[0].block.post]
+    cuda = generate(instantiate(best, rank(best, h100)[0].params, H100))
+    assert [(r.name, r.spills) for r in compile_report(cuda.source)] == [(ln.name, False) for ln in cuda.launches
+                                                                         if ln.name.endswith("_k1")]
+    small = llama_mlp(4, 256, 512)
+    sg = rebind(best, [TensorDecl(n.id, n.shape, n.dtype or "f32") for n in small.inputs])
+    for seed, params in enumerate(({"gy0": 1, "gx0": 8, "F0": 4}, {"gy0": 2, "gx0": 4, "F0": 2}), start=11):
+        inputs = random_inputs(small, seed)
+        [got] = runner.run(generate(instantiate(sg, params, H100)), inputs)
+        assert max_rel_err(got, evaluate(small, inputs)[0]) <= dtype("f16").tolerance, params
 
 
 @pytest.mark.skipif(nvcc_path() is None, reason="nvcc is not on PATH: cannot compile for sm_90")

@@ -10,7 +10,7 @@ import weakref
 from collections.abc import Iterator
 
 import pytest
-from kernel_shapes import attention_block
+from kernel_shapes import attention_block, llama_mlp
 from typer.testing import CliRunner
 
 from superopt import Program, workloads
@@ -710,8 +710,8 @@ def test_a_program_too_large_for_one_kernel_is_cut_into_fused_parts_at_once(h100
     assert len(parts) == 2 and all(len(part) <= 11 for part in parts)
     assert [n.id for part in parts for n in part] == [n.id for n in p.topological() if n.op != "input"]
     split = ks.program_split()
-    assert split and all(all(isinstance(k, GraphKernel) for k in sg.kernels) for sg in split)
-    assert min(len(sg.kernels) for sg in split) == 2
+    assert split and min(len(sg.kernels) for sg in split) == 2
+    assert all(isinstance(k, GraphKernel) for sg in split if len(sg.kernels) == 2 for k in sg.kernels)
     seeded = run_search(p, h100, SearchConfig(), max_states=3_000)
     assert seeded.stats.budget_exhausted and seeded.best.verdict.proved
     assert len(seeded.best.sgraph.kernels) == 2 and seeded.best.sgraph.dumps() in {sg.dumps() for sg in split}
@@ -764,7 +764,8 @@ def test_a_reshape_between_fused_parts_is_a_library_kernel_of_the_split(h100, mo
     assert [[n.op for n in part] for part in ks._split(ks._split_orders()[0])[0]] == [
         ["softmax", "rms_norm", "max", "sub", "matmul"], ["reshape"], ["rms_norm"]]
     split = ks.program_split()
-    assert split and all([type(k) for k in sg.kernels] == [GraphKernel, LibraryKernel, GraphKernel] for sg in split)
+    # the last part, one rms_norm, is a graph kernel or the library's
+    assert split and all([type(k) for k in sg.kernels][:2] == [GraphKernel, LibraryKernel] for sg in split)
     seeded = run_search(p, h100, SearchConfig(), max_states=3_000)
     baseline = next(v for v in seeded.verified if v.sgraph.name.endswith(".unfused"))
     assert seeded.best.verdict.proved and seeded.best.sgraph.dumps() in {sg.dumps() for sg in split}
@@ -814,6 +815,29 @@ def test_a_program_one_kernel_cannot_hold_is_split_by_the_probe(h100):
     assert result.best.best.estimate.time_s < baseline.best.estimate.time_s / 2
 
 
+def test_a_split_part_finishes_its_products_after_a_loop_over_their_shared_dim(h100):
+    """A llama MLP block at its real width (X (16, 4096), 11008 hidden): silu of a partial sum is
+    not the sum, so with every op in the loop body no loop can walk the 4096 columns of the
+    normalized X, each block must read whole weight columns, and every split schedule took longer
+    than the unfused 110.4 us (the best 321.9 us). Placed after the loop over the products'
+    accumulators (`Generator.program_graphs`), silu and the product finish them once: the gated
+    kernel loops, the one-op parts are the library's, 99.0 us, proved."""
+    p = llama_mlp(16, 4096, 11008)
+    ks = KernelSearch(p, space_of(p), Oracle(p), SearchConfig(), target=h100)
+    best = min(ks.program_split(whole=True), key=lambda sg: rank(sg, h100)[0].estimate.time_s)
+    assert [k.op if isinstance(k, LibraryKernel) else "graph" for k in best.kernels] == [
+        "rms_norm", "graph", "matmul", "add"]
+    [gated] = best.graph_kernels
+    assert [o.op for o in gated.block.body] == ["matmul", "matmul"]
+    assert sorted(o.op for o in gated.block.post) == ["mul", "silu"]
+    ranked = rank(best, h100)[0]
+    assert ranked.params[gated.block.loop.name] > 1
+    assert ranked.estimate.time_s < 0.92 * rank(unfused_baseline(p), h100)[0].estimate.time_s
+    from superopt.verifier.verify import verify
+
+    assert verify(p, best, target=h100).proved
+
+
 def test_split_parts_read_a_value_and_its_transpose_and_write_every_value_they_keep(h100):
     """Found by a fuzz of split programs. A part reading a square value and its transpose (a Gram
     matrix a @ a^T, whose transpose is computed from views of the inputs) took one tensor for
@@ -842,11 +866,11 @@ def test_split_parts_read_a_value_and_its_transpose_and_write_every_value_they_k
 
 def test_the_split_moves_library_ops_early_so_independent_projections_share_a_kernel(h100):
     """A multi-head attention block cannot be one kernel. Cut in the order the program lists its
-    ops, a reshape and a transpose fall between every two projections: five graph kernels (19.7 us
-    at X (64, 256) on the cost model). With each library op as early as its operands allow
-    (`_split_orders`), the projections come first and share one kernel side by side (a part
-    writes as many values as it accumulates: the search grows block graphs of two), the scale
-    joins the attention: three (10.5 us)."""
+    ops, a reshape and a transpose fall between every two projections: each projection is a part
+    of its own (a library matmul), 13.4 us at X (64, 256) on the cost model. With each library op
+    as early as its operands allow (`_split_orders`), the projections come first and share one
+    kernel side by side (a part writes as many values as it accumulates: the search grows block
+    graphs of two), the scale joins the attention, the output projection is the library's (9.4 us)."""
     p = attention_block(16, 64, 2)
     ks = KernelSearch(p, space_of(p), Oracle(p), SearchConfig(), target=h100)
     listed, leveled = ks._split_orders()
@@ -855,9 +879,11 @@ def test_the_split_moves_library_ops_early_so_independent_projections_share_a_ke
         ["mul", "matmul", "exp", "sum", "div", "matmul"], ["transpose"], ["reshape"], ["matmul"]]
     assert [len(part) for part in ks._split(listed)[0]] == [1, 1, 1, 2, 1, 1, 1, 1, 1, 5, 1, 1, 1]
     split = ks.program_split()
-    assert {sum(isinstance(k, GraphKernel) for k in sg.kernels) for sg in split} == {3, 5}
-    out = run_search(p, h100, SearchConfig(), max_states=300)
-    assert out.best.verdict.proved and sum(isinstance(k, GraphKernel) for k in out.best.sgraph.kernels) == 3
+    # the listed order: projections and the output projection are library matmuls (one-op parts)
+    assert {sum(isinstance(k, GraphKernel) for k in sg.kernels) for sg in split} == {2}
+    out = run_search(p, h100, SearchConfig(), max_states=600)
+    kinds = [k.op if isinstance(k, LibraryKernel) else "graph" for k in out.best.sgraph.kernels]
+    assert out.best.verdict.proved and kinds[0] == kinds[-4] == "graph" and kinds[-1] == "matmul"
     listed_best = min(rank(sg, h100)[0].estimate.time_s for sg in split if len(sg.kernels) == 13)
     assert out.best.best.estimate.time_s < 0.8 * listed_best
 
@@ -898,8 +924,8 @@ def test_the_program_itself_as_one_kernel_is_searched_first(h100, monkeypatch):
 
 
 def test_the_program_as_one_block_graph_respects_the_op_bound_and_is_in_the_whole_space(h100):
-    """`program_graphs` builds the program's own ops in one block graph, nothing when they exceed
-    the block op bound; and what it builds the whole one-kernel search builds too (the same
+    """`program_graphs` builds the program's own ops in one block graph (all in the loop body, or
+    those that only finish its products after the loop), nothing when they exceed the block op bound; and what it builds the whole one-kernel search builds too (the same
     candidates, so a complete search's answer does not change)."""
     p = _two_products()
     ks = KernelSearch(p, space_of(p), Oracle(p), SearchConfig(), target=h100)
@@ -908,7 +934,10 @@ def test_the_program_as_one_block_graph_respects_the_op_bound_and_is_in_the_whol
     graphs = list(ks._gen.program_graphs(ks._gen.start(specs), p, tiles))
     assert graphs
     for g in graphs:
-        assert sorted(t.op for t in g.tiles if t.phase == 0 and t.op != "input") == _program_ops(p)
+        assert sorted(t.op for t in g.tiles if t.op not in ("input", "acc")) == _program_ops(p)
+    # every op in the loop body, or the ops that only finish the products after the loop
+    assert {tuple(sorted(t.op for t in g.tiles if t.phase == 1 and t.op != "acc")) for g in graphs} == {
+        (), ("mul", "rms_norm", "sum")}
     small = Generator(space_of(p), Oracle(p), 7)
     assert not list(small.program_graphs(small.start(specs), p, tiles))
 
@@ -999,12 +1028,16 @@ def test_a_probe_changes_no_complete_search(h100, monkeypatch):
     program = workloads.resolve("gqa")
     plain = run_search(program, h100, SearchConfig())
     monkeypatch.setattr(driver, "PROBE_AFTER_STATES", 0)
+    splits: list[bool] = []  # the probe starts with the split of the whole program
+    split = KernelSearch.program_split
+    monkeypatch.setattr(KernelSearch, "program_split", lambda self, whole=False: splits.append(whole) or split(self, whole))
     for cap in (driver.PROBE_STATES, 50):
         monkeypatch.setattr(driver, "PROBE_STATES", cap)
+        splits.clear()
         probed = run_search(program, h100, SearchConfig())
-        assert probed.best.sgraph.dumps() == plain.best.sgraph.dumps()
+        assert probed.best.sgraph.dumps() == plain.best.sgraph.dumps() and True in splits
         assert (probed.stats.depth, probed.stats.generic_depth) == (plain.stats.depth, plain.stats.generic_depth)
-        assert not probed.stats.budget_exhausted and probed.stats.states > plain.stats.states
+        assert not probed.stats.budget_exhausted
 
 
 def test_a_single_matmul_gets_an_answer_not_an_error():
