@@ -234,7 +234,7 @@ class Generator:
         (`body_part`) and handed over, only this part's (`adopt_bodies`)."""
         adopted = self._adopted.get((start, part))
         for digest, state in adopted if adopted is not None else self._accumulated(start):
-            if part[0] == 1 or digest % part[0] == part[1]:
+            if digest % part[0] == part[1]:
                 yield from self._posts(state)
 
     def body_part(self, start: BlockState, part: tuple[int, int]) -> list[Body]:

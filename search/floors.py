@@ -36,7 +36,7 @@ from superopt.search.space import Space
 from superopt.search.states import FirstKernel, KState, KTensor, input_leaves
 from superopt.search.tiling import axis_options, sinks
 from superopt.search.views import ProgramViews
-from superopt.sgraph import GraphKernel, Kernel, LibraryKernel, SGraph, SGraphError, TensorDecl
+from superopt.sgraph import GraphKernel, Kernel, LibraryKernel, SGraph, SGraphError, input_decls
 from superopt.sizes import Size
 from superopt.targets import Target
 from superopt.verifier.oracle import AE, RESHAPED, C, Oracle, abstract_program
@@ -183,8 +183,8 @@ class Floors:
         produced = [o for k in s.kernels for o in k.outputs]
         stored, views = self.views.input_kernels(read) if self.views is not None else ([], [])
         decls = {d.id: d for d in stored}  # a view of an input is read in the input's layout
-        decls.update((n.id, TensorDecl(n.id, n.shape, n.dtype or "f32")) for n in self.program.inputs
-                     if n.id in read and all(v.output != n.id for v in views))
+        viewed = {v.output for v in views}
+        decls.update((d.id, d) for d in input_decls(self.program) if d.id in read and d.id not in viewed)
         try:
             sg = SGraph(tuple(decls.values()), (*views, *s.kernels), tuple(o for o in produced if o not in read),
                         "prefix")

@@ -42,7 +42,7 @@ from superopt.search.space import Space
 from superopt.search.states import FirstKernel, KState, KTensor
 from superopt.search.tiling import PLAN_ENTRIES, Chunk, Plans, Sink, output_shape, resolve, resolve_fixed, sinks
 from superopt.search.views import ProgramViews
-from superopt.sgraph import GraphKernel, Kernel, LibraryKernel, SGraph, SGraphError, TensorDecl, analyze
+from superopt.sgraph import GraphKernel, Kernel, LibraryKernel, SGraph, SGraphError, analyze, input_decls
 from superopt.sizes import Size
 from superopt.targets import Target
 from superopt.verifier.oracle import AE, Oracle
@@ -724,9 +724,8 @@ class KernelSearch(Floors):
                 needed |= set(k.tensor_inputs)
         if not all(set(k.outputs) & needed for k in s.kernels):
             return None
-        decls = tuple(TensorDecl(n.id, n.shape, n.dtype or "f32") for n in self.program.inputs)
         try:
-            sg = SGraph(decls, s.kernels, tuple(chosen), f"{self.program.name}.searched")
+            sg = SGraph(input_decls(self.program), s.kernels, tuple(chosen), f"{self.program.name}.searched")
             sg.info  # noqa: B018 - validates
         except SGraphError:
             self.pruned += 1
@@ -841,6 +840,5 @@ def _tile(sp: InputSpec, axes: list[ConcreteAxis], loop: tuple[frozenset[int], i
 
 def _kernel_shapes(program: Program, s: KState, kernel: GraphKernel) -> dict[str, tuple[Size, ...]]:
     """Shapes of a new kernel's outputs, from the sGraph analysis of the state plus the kernel."""
-    decls = tuple(TensorDecl(n.id, n.shape, n.dtype or "f32") for n in program.inputs)
-    info = analyze(SGraph(decls, (*s.kernels, kernel), kernel.outputs, "partial"), require_used=False)
+    info = analyze(SGraph(input_decls(program), (*s.kernels, kernel), kernel.outputs, "partial"), require_used=False)
     return {t: info.shapes[t] for t in kernel.outputs}

@@ -19,7 +19,7 @@ from superopt.canonical import canonical_form
 from superopt.config import SearchConfig
 from superopt.paths import cache_dir
 from superopt.program import Program
-from superopt.sgraph import SGraph, SGraphError, TensorDecl, check_matches, rebind
+from superopt.sgraph import SGraph, SGraphError, check_matches, input_decls, rebind
 
 
 def structure_key(program: Program, config: SearchConfig) -> str:
@@ -55,7 +55,7 @@ class SGraphStore:
             data = json.loads(path.read_text())
         except (OSError, json.JSONDecodeError):
             return None
-        decls = [TensorDecl(n.id, n.shape, n.dtype or "f32") for n in program.inputs]
+        decls = input_decls(program)
         out = []
         for raw in data.get("sgraphs", []):
             try:

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 
 from superopt import ops
 from superopt.program import Node, Program, ProgramError, Tensor
-from superopt.sgraph import LibraryKernel, SGraph, TensorDecl, renamed
+from superopt.sgraph import LibraryKernel, SGraph, TensorDecl, input_decls, renamed
 
 VIEWS = ("transpose", "reshape")  # ops whose result, over a stored tensor, is a view of it
 
@@ -86,8 +86,7 @@ class ProgramViews:
             defined.add(name)
             last.append(LibraryKernel(f"view_out{i}", n.op, (outputs[i],), dict(n.attrs), name))
             outputs[i] = name
-        decls = [TensorDecl(n.id, n.shape, n.dtype or "f32") for n in self.original.inputs]
-        return SGraph(tuple(decls), (*first, *sg.kernels, *last), tuple(outputs), sg.name)
+        return SGraph(input_decls(self.original), (*first, *sg.kernels, *last), tuple(outputs), sg.name)
 
     def input_kernels(self, read: set[str]) -> tuple[list[TensorDecl], list[LibraryKernel]]:
         """The views of inputs among `read` (tensors of the searched program) as library kernels,
@@ -95,7 +94,7 @@ class ProgramViews:
         layout it is stored in (the search estimates its kernels on that)."""
         views = [(i, n) for i, n in enumerate(self.inputs) if n.id in read]
         stored = {v.inputs[0] for _, v in views}
-        decls = [TensorDecl(n.id, n.shape, n.dtype or "f32") for n in self.original.inputs if n.id in stored]
+        decls = [d for d in input_decls(self.original) if d.id in stored]
         return decls, [LibraryKernel(f"view{i}", n.op, n.inputs, dict(n.attrs), n.id) for i, n in views]
 
 

@@ -26,6 +26,7 @@ from superopt.sgraph import (
     LibraryKernel,
     SGraph,
     TensorDecl,
+    input_decls,
 )
 from superopt.sizes import Size
 
@@ -91,8 +92,7 @@ class SGraphBuilder:
 
     @staticmethod
     def for_program(program: Program, name: str | None = None) -> SGraphBuilder:
-        decls = [TensorDecl(n.id, n.shape, n.dtype or "f32") for n in program.inputs]
-        return SGraphBuilder(decls, name or program.name)
+        return SGraphBuilder(input_decls(program), name or program.name)
 
     def _kid(self) -> str:
         self._n += 1

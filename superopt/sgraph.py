@@ -31,6 +31,7 @@ from superopt.dtypes import dtype as get_dtype
 from superopt.jsontext import JSONTextError, parse_json
 from superopt.object_cache import ObjectCache
 from superopt.ops import OpError, Shape
+from superopt.program import Program
 from superopt.sizes import Size, SizeError, product, total
 
 SCHEMA = "superopt.sgraph/1"
@@ -167,6 +168,11 @@ class TensorDecl:
     id: str
     shape: tuple[int, ...]
     dtype: str
+
+
+def input_decls(program: Program) -> tuple[TensorDecl, ...]:
+    """A program's inputs as the inputs of an sGraph computing it."""
+    return tuple(TensorDecl(n.id, n.shape, n.dtype or "f32") for n in program.inputs)
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ import math
 from superopt.assignments import divisors
 from superopt.dimclasses import NO_CLASS, dim_classes
 from superopt.program import Program, ProgramError, Tensor
-from superopt.sgraph import LibraryKernel, SGraph, SGraphError, TensorDecl, rebind
+from superopt.sgraph import LibraryKernel, SGraph, SGraphError, input_decls, rebind
 
 MAX_CHECKED_ELEMENTS = 2**26  # per tensor of a program evaluated by a check (float64: 512 MiB)
 PART_CAP = 16  # a dim that a reshape multiplies with others shrinks to at most this
@@ -65,8 +65,7 @@ def shrink_sgraph(sg: SGraph, program: Program, small: Program) -> SGraph | None
                 return None
             k = LibraryKernel(k.id, k.op, k.inputs, {**k.attrs, "shape": list(next(iter(new)))}, k.output)
         kernels.append(k)
-    decls = [TensorDecl(n.id, n.shape, n.dtype or "f32") for n in small.inputs]
-    shrunk = rebind(SGraph(sg.inputs, tuple(kernels), sg.outputs, sg.name), decls)
+    shrunk = rebind(SGraph(sg.inputs, tuple(kernels), sg.outputs, sg.name), input_decls(small))
     try:
         shrunk.info  # noqa: B018 (analysis: sizes that only agree at the real shapes fail here)
     except SGraphError:

@@ -32,7 +32,7 @@ from superopt.search.driver import run_search
 from superopt.search.instantiation import rank
 from superopt.search.kernel import KernelSearch
 from superopt.search.space import space_of
-from superopt.sgraph import GraphKernel, TensorDecl, check_matches, rebind
+from superopt.sgraph import GraphKernel, check_matches, input_decls, rebind
 from superopt.verifier.oracle import Oracle
 
 SEARCHES = list(workloads.WORKLOADS)  # each searched once at :ci per session (the `searched` fixture)
@@ -125,7 +125,7 @@ def test_a_split_gated_kernel_with_a_post_loop_phase_runs_correctly(h100):
     assert [(r.name, r.spills) for r in compile_report(cuda.source)] == [(ln.name, False) for ln in cuda.launches
                                                                          if ln.name.endswith("_k1")]
     small = llama_mlp(4, 256, 512)
-    sg = rebind(best, [TensorDecl(n.id, n.shape, n.dtype or "f32") for n in small.inputs])
+    sg = rebind(best, input_decls(small))
     for seed, params in enumerate(({"gy0": 1, "gx0": 8, "F0": 4}, {"gy0": 2, "gx0": 4, "F0": 2}), start=11):
         inputs = random_inputs(small, seed)
         [got] = runner.run(generate(instantiate(sg, params, H100)), inputs)
@@ -141,7 +141,7 @@ def test_search_winners_compile_for_sm90_at_published_shapes(searched):
     for name in SEARCHES:
         _, sg = winner(searched, name)
         program = workloads.resolve(name)
-        big = rebind(sg, [TensorDecl(n.id, n.shape, n.dtype or "f32") for n in program.inputs])
+        big = rebind(sg, input_decls(program))
         check_matches(big, program)
         params = best_params(big, H100)
         cuda = generate(instantiate(big, params, H100))

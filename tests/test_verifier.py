@@ -20,7 +20,7 @@ from superopt.interpreter import run_float
 from superopt.mutations import mutants
 from superopt.reference import evaluate, max_rel_err, random_inputs, undefined_node
 from superopt.search.driver import run_search
-from superopt.sgraph import SGraph, TensorDecl, rebind
+from superopt.sgraph import SGraph, input_decls, rebind
 from superopt.targets import TARGETS
 from superopt.verifier import constraints, finite_field
 from superopt.verifier import terms as t
@@ -218,7 +218,7 @@ def test_one_proof_covers_every_instantiation(h100):
     assert prove(list(zip(lower_program(program), rhs, strict=False)), axes).proved
     for sizes in ({"b": 2, "m": 8, "n": 64, "dh": 16}, {"b": 3, "m": 6, "n": 36, "dh": 8}):
         p = w.build(**sizes)
-        sg = rebind(ref, [TensorDecl(n.id, n.shape, n.dtype) for n in p.inputs])
+        sg = rebind(ref, input_decls(p))
         assigns = list(enumerate_assignments(sg, h100))
         rng = np.random.default_rng(7)
         for i in rng.choice(len(assigns), size=min(5, len(assigns)), replace=False):
