@@ -623,25 +623,17 @@ class KernelSearch(Floors):
                     ids = [t.id for t in s.tensors]
                     for res in resolve(block, specs, ids, kid, s.graph_kernels, tie, self._plans,
                                        self.config.max_grid_axes, partial_axes=not final):
+                        outputs = [KTensor(tid, output_shape(block, tile, chunk), block.tiles[tile].ae,
+                                           block.tiles[tile].pdims, chunk) for tid, tile, chunk in res.outputs]
                         if least is not None:
-                            outputs = [KTensor(tid, output_shape(block, tile, chunk), block.tiles[tile].ae,
-                                               block.tiles[tile].pdims, chunk) for tid, tile, chunk in res.outputs]
                             least = min(least, self._least_alone(s, res.kernel, outputs))
-                        signature = _signature(res.kernel)
-                        key = (max(subset), subset, 1, signature)
+                        key = (max(subset), subset, 1, _signature(res.kernel))
                         if key <= s.last_key:
                             continue
-                        new = []
-                        for tid, tile, chunk in res.outputs:
-                            shape = output_shape(block, tile, chunk)
-                            t = block.tiles[tile]
-                            if self._repeats(s, t.ae, shape, chunk, t.pdims):
-                                break
-                            new.append(KTensor(tid, shape, t.ae, t.pdims, chunk))
-                        else:
-                            yield KState((*s.tensors, *new), (*s.kernels, res.kernel), key, s.graph_kernels + 1)
+                        if any(self._repeats(s, t.ae, t.shape, t.chunk, t.classes) for t in outputs):
+                            self.pruned += 1
                             continue
-                        self.pruned += 1
+                        yield KState((*s.tensors, *outputs), (*s.kernels, res.kernel), key, s.graph_kernels + 1)
                 if walk is not None:
                     self._middle_walks[walk] = walks + 1
                     if least is not None:
