@@ -5,6 +5,7 @@ and others), and the same sGraph rebound to the published shape compiles with nv
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 from cuda_harness import runner
@@ -27,6 +28,7 @@ from superopt.config import SearchConfig
 from superopt.costmodel import best_params
 from superopt.dtypes import dtype
 from superopt.instantiate import instantiate
+from superopt.loading import load_program
 from superopt.reference import evaluate, max_rel_err, random_inputs
 from superopt.search.driver import run_search
 from superopt.search.instantiation import rank
@@ -35,6 +37,7 @@ from superopt.search.space import space_of
 from superopt.sgraph import GraphKernel, check_matches, input_decls, rebind
 from superopt.verifier.oracle import Oracle
 
+ROOT = Path(__file__).resolve().parent.parent
 SEARCHES = list(workloads.WORKLOADS)  # each searched once at :ci per session (the `searched` fixture)
 
 
@@ -109,6 +112,20 @@ def test_a_split_attention_block_runs_correctly_in_the_cpu_harness(h100):
         inputs = random_inputs(p, seed)
         [got] = runner.run(prog, inputs)
         assert max_rel_err(got, evaluate(p, inputs)[0]) <= dtype("f16").tolerance, seed
+
+
+@pytest.mark.skipif(runner.gxx() is None, reason="g++ is not on PATH: the CPU harness needs it")
+def test_a_split_decoder_layer_runs_correctly_in_the_cpu_harness(h100):
+    """A decoder layer's split schedule (`scripts/programs/decoder_layer.json`: five graph kernels
+    between library ones, thirteen symbols) at the cost model's sizes, the first valid ones and the
+    most split: right against float64. (Listing every valid assignment to pick those took 12 GB.)"""
+    p = load_program(str(ROOT / "scripts" / "programs" / "decoder_layer.json"))
+    best = run_search(p, h100, SearchConfig(), max_states=2_000).best
+    assert best.verdict.proved and len(best.sgraph.graph_kernels) == 5
+    for seed, params in enumerate(param_choices(best.sgraph), start=11):
+        inputs = random_inputs(p, seed)
+        [got] = runner.run(generate(instantiate(best.sgraph, params, H100)), inputs)
+        assert max_rel_err(got, evaluate(p, inputs)[0]) <= dtype("f16").tolerance, params
 
 
 @pytest.mark.skipif(runner.gxx() is None or nvcc_path() is None, reason="needs g++ (the CPU harness) and nvcc")
