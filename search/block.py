@@ -300,25 +300,15 @@ class Generator:
             yield from (accs for accs in self._with_accumulators(placed[0]) if self.complete(accs, MAX_ACCUMULATORS))
         post = _post_loop_ops(program)
         placed = self._place(start, [n for n in ops_ if n.id not in post], program, tiles) if post else None
-        if placed is None or placed[0].nops == 0:
+        if placed is None:
             return
         body, where = placed
-        # Accumulated: what nothing in the body reads, what the post-loop ops read (program inputs
-        # among them: a residual added to a finished product) and the program's outputs.
-        read = {i for n in ops_ if n.id in post for i in n.inputs}
-        kept = sorted({k for k in range(len(body.tiles)) if k not in body.used} |
-                      {where[i] for i in (*read, *program.outputs) if i in where})
-        accs: BlockState | None = body.reordered()
-        for k in kept if len(kept) <= MAX_ACCUMULATORS else ():
-            accs = self._try(accs, "acc", (k,), ()) if accs else None
-        if accs is None or len(kept) > MAX_ACCUMULATORS:
-            return
-        accs = accs.reordered()
-        accumulated = {node: k for node, tile in where.items() for k, t in enumerate(accs.tiles)
-                       if t.op == "acc" and t.args == (tile,)}
-        done = self._place(accs, [n for n in ops_ if n.id in post], program, accumulated)
-        if done is not None and self.complete(done[0], MAX_ACCUMULATORS):
-            yield done[0]
+        for accs in self._with_accumulators(body):
+            accumulated = {node: k for node, tile in where.items() for k, t in enumerate(accs.tiles)
+                           if t.op == "acc" and t.args == (tile,)}
+            done = self._place(accs, [n for n in ops_ if n.id in post], program, accumulated)
+            if done is not None and self.complete(done[0], MAX_ACCUMULATORS):
+                yield done[0]
 
     def _place(self, start: BlockState, nodes: list[Node], program: Program, tiles: Mapping[str, int],
                ) -> tuple[BlockState, dict[str, int]] | None:
@@ -806,20 +796,16 @@ class Generator:
 
 
 def _post_loop_ops(program: Program) -> set[str]:
-    """The program's ops that may run after a loop over its products: those computed from a
-    product that no product needs (silu and the product of a gated MLP whose down projection is
-    elsewhere, a residual added to a product). Nothing computed without them reads them: the loop
-    body is the rest, and they read its values, program inputs among them, through accumulators."""
+    """The program's ops that may run after a loop over its products: no product reads them (or
+    anything computed from them), they read no program input, and nothing of the loop body reads
+    them; they read the body's values only through their accumulators."""
     ops_ = [n for n in program.topological() if n.op not in ("input", "const")]
-    from_product: set[str] = set()
-    for n in ops_:
-        if n.op == "matmul" or any(i in from_product for i in n.inputs):
-            from_product.add(n.id)
-    needed: set[str] = set()  # what a product reads, directly or not
-    for n in reversed(ops_):
-        if n.op == "matmul" or n.id in needed:
-            needed.update(n.inputs)
-    return {n.id for n in ops_ if n.id in from_product and n.op != "matmul" and n.id not in needed}
+    inputs = {n.id for n in program.nodes.values() if n.op == "input"}
+    body = {n.id for n in ops_ if n.op == "matmul" or any(i in inputs for i in n.inputs)}
+    for n in reversed(ops_):  # what the body and the products read is body too
+        if n.id in body:
+            body.update(i for i in n.inputs if program.nodes[i].op not in ("input", "const"))
+    return {n.id for n in ops_ if n.id not in body}
 
 
 def _signature(s: BlockState, first: int) -> tuple[Any, ...]:

@@ -31,7 +31,6 @@ from itertools import combinations
 from typing import Any
 
 from superopt import costmodel, ops
-from superopt.build import unfused_baseline
 from superopt.config import SearchConfig
 from superopt.dimclasses import input_classes
 from superopt.object_cache import ObjectCache
@@ -39,7 +38,6 @@ from superopt.primitives import apply
 from superopt.program import Node, Program, Tensor
 from superopt.search.block import MAX_ACCUMULATORS, MAX_OUTPUTS, BlockState, Body, Generator, InputSpec, Lazy
 from superopt.search.floors import Floors, same_classes
-from superopt.search.instantiation import rank
 from superopt.search.space import Space
 from superopt.search.states import FirstKernel, KState, KTensor
 from superopt.search.tiling import PLAN_ENTRIES, Chunk, Plans, Sink, output_shape, resolve, resolve_fixed, sinks
@@ -304,24 +302,21 @@ class KernelSearch(Floors):
         """The ops (in a dependency order) cut into consecutive parts, and the `SPLIT_KEEP`
         cheapest schedules (`_split_cost`) of those cuts with the parts of the program's best one:
         every part one graph kernel computing it as `Generator.program_graphs` does the whole
-        program, or one library kernel (an op no block graph has, a reshape or a transpose; any
-        one op without constants). From each point, the `SPLIT_ENDS` longest parts (`_part_ends`)
-        some kernel of which has valid sizes at the program's shapes and leaves the schedule
-        faster than the whole program unfused (a llama MLP block as one part at its real width
-        takes 106 ms) are tried, and the cheapest schedules reaching each point go on: a decoder
-        layer's gated MLP with its residual add needs every weight whole in one block; cut before
-        the add, every block of rows reads all three weights (35.3 us for the layer); cut before
-        the down projection, 16.0 us. ([], []) when no cut reaches the end."""
+        program, or one library kernel for an op no block graph has (a reshape, a transpose).
+        From each point, the `SPLIT_ENDS` longest parts (`_part_ends`) some kernel of which has
+        valid sizes at the program's shapes are tried, and the cheapest schedules reaching each
+        point go on: a decoder layer's gated MLP with its residual add needs every weight whole in
+        one block; cut before the add, every block of rows reads all three weights (35.3 us for
+        the layer); cut before the down projection, 16.0 us. ([], []) when no cut reaches the end."""
         reached: dict[int, list[tuple[KState, tuple[list[Node], ...]]]] = {0: [(self.initial(), ())]}
-        unfused_s = self._unfused_s()
         for start in range(len(ops_)):
             here = self._cheapest(reached.pop(start, []))
             ends = 0
             for end in self._part_ends(ops_, start) if here else []:
                 nodes = ops_[start:end]
                 grown = [(nxt, (*parts, nodes)) for st, parts in here for nxt in self._part_moves(st, nodes)]
-                # valid sizes, and faster so far than the whole program unfused (else it cannot win)
-                grown = [e for e in grown if self._split_cost(e[0]) < unfused_s]
+                if self.target is not None:
+                    grown = [e for e in grown if self._estimated(e[0]) < math.inf]  # valid sizes
                 if grown:
                     reached.setdefault(end, []).extend(grown)
                     ends += 1
@@ -329,14 +324,6 @@ class KernelSearch(Floors):
                         break
         done = self._cheapest(reached.get(len(ops_), []))
         return (list(done[0][1]) if done else []), [st for st, _ in done]
-
-    def _unfused_s(self) -> float:
-        """The cost model's time for the program's ops each as a library kernel (inf without a
-        target, or when no sizes are valid)."""
-        if self.target is None:
-            return math.inf
-        ranked = rank(unfused_baseline(self.program), self.target, keep=1)
-        return ranked[0].estimate.time_s if ranked else math.inf
 
     def _cheapest(self, reached: list[tuple[KState, Any]]) -> list[tuple[KState, Any]]:
         """The `SPLIT_KEEP` cheapest partial schedules (`_split_cost`), each once (two cuts may
