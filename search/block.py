@@ -29,7 +29,7 @@ import numpy as np
 from superopt import ops
 from superopt.object_cache import BoundedDict
 from superopt.primitives import apply
-from superopt.program import Node, Program
+from superopt.program import Node, Program, Tensor
 from superopt.reference import FloatAlgebra
 from superopt.search.fingerprint import SEED, SIZES
 from superopt.search.space import Space
@@ -298,6 +298,16 @@ class Generator:
             # took 10 s for a 5-op part of a program too large for one kernel), as many as there
             # are (`max_outputs` bounds what the search grows; this graph is given).
             yield from (accs for accs in self._with_accumulators(placed[0]) if self.complete(accs, MAX_ACCUMULATORS))
+        # After the products: the program's post-loop ops, and with them its norms that only
+        # products read (`_norms_after_products`): a loop may then walk the normalized dim too.
+        for form in (program, _norms_after_products(program)):
+            if form is not None:
+                yield from self._post_loop_graphs(start, form, tiles)
+
+    def _post_loop_graphs(self, start: BlockState, program: Program, tiles: Mapping[str, int]) -> Iterator[BlockState]:
+        """`program` as one block graph whose ops that only finish products (`_post_loop_ops`) run
+        after the loop over the accumulators of the rest."""
+        ops_ = [n for n in program.topological() if n.op not in ("input", "const")]
         post = _post_loop_ops(program)
         placed = self._place(start, [n for n in ops_ if n.id not in post], program, tiles) if post else None
         if placed is None:
@@ -797,15 +807,52 @@ class Generator:
 
 def _post_loop_ops(program: Program) -> set[str]:
     """The program's ops that may run after a loop over its products: no product reads them (or
-    anything computed from them), they read no program input, and nothing of the loop body reads
-    them; they read the body's values only through their accumulators."""
+    anything computed from them), they read no program input, they reduce nothing the loop body
+    computes (a partial reduction accumulates), and nothing of the loop body reads them; they
+    read the body's values only through their accumulators."""
     ops_ = [n for n in program.topological() if n.op not in ("input", "const")]
     inputs = {n.id for n in program.nodes.values() if n.op == "input"}
-    body = {n.id for n in ops_ if n.op == "matmul" or any(i in inputs for i in n.inputs)}
+    body: set[str] = set()
+    for n in ops_:
+        if n.op == "matmul" or any(i in inputs for i in n.inputs) or (n.op in ops.REDUCE and n.inputs[0] in body):
+            body.add(n.id)
     for n in reversed(ops_):  # what the body and the products read is body too
         if n.id in body:
             body.update(i for i in n.inputs if program.nodes[i].op not in ("input", "const"))
     return {n.id for n in ops_ if n.id not in body}
+
+
+def _norms_after_products(program: Program) -> Program | None:
+    """The program with each rms_norm over the last dim that only products read, as their left
+    operand, applied to the products instead: rms_norm(X) @ W = (X @ W) / sqrt(mean(X^2) + eps),
+    the mean taken beside the product in the loop over X's columns (the rmsnorm_matmul winner's
+    form); None when it has no such norm."""
+    readers: dict[str, list[Node]] = {}
+    for n in program.topological():
+        for i in n.inputs:
+            readers.setdefault(i, []).append(n)
+    norms = {n.id for n in program.topological() if n.op == "rms_norm" and n.id not in program.outputs
+             and n.attrs["dim"] % len(n.shape) == len(n.shape) - 1 and n.id in readers
+             and all(r.op == "matmul" and r.inputs == (n.id, r.inputs[1]) != (n.id, n.id) for r in readers[n.id])}
+    if not norms:
+        return None
+    out = Program(program.name)
+    value: dict[str, Tensor] = {}
+    scale: dict[str, Tensor] = {}  # each norm's divisor, by the norm's id
+    for n in program.topological():
+        if n.op == "input":
+            value[n.id] = out.input(n.id, n.shape, n.dtype or "f32")
+        elif n.id in norms:
+            x = value[n.inputs[0]]
+            ms = out.op("mean", out.op("square", x), dim=-1, keepdim=True)
+            scale[n.id], value[n.id] = out.op("sqrt", out.op("add", ms, float(n.attrs["eps"]))), x
+        elif n.op != "const":
+            args = [float(program.nodes[i].attrs["value"]) if program.nodes[i].op == "const" else value[i]
+                    for i in n.inputs]
+            v = out.op(n.op, *args, **dict(n.attrs))
+            value[n.id] = out.op("div", v, scale[n.inputs[0]]) if n.inputs[0] in scale else v
+    out.output(*(value[o] for o in program.outputs))
+    return out
 
 
 def _signature(s: BlockState, first: int) -> tuple[Any, ...]:

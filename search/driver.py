@@ -524,8 +524,9 @@ def run_search(
     def probe(first_depth: int, live_states: int = 0, live_pruned: int = 0) -> None:
         """Anytime, for large searches: once the one-kernel search has reached `probe_after`
         states (from the progress callback, in this process), or `PROBE_AFTER_STATES` (between
-        depths, when workers ran it),
-        the same search with block graphs of at most `PROBE_BLOCK_OPS` ops, library ops only
+        depths, when workers ran it), the program cut into parts (`program_split`, even when it
+        fits one block graph by its counts), then the same search with block graphs of at most
+        `PROBE_BLOCK_OPS` ops, library ops only
         between the first kernel and the last, for at most `PROBE_STATES` states, from
         `first_depth` kernels on. Its block spaces are small, and winners are often among its
         graphs: the whole one-kernel search walks the post-loop graphs of every small loop body
@@ -541,13 +542,18 @@ def run_search(
         left = PROBE_STATES if max_states is None else min(PROBE_STATES, max_states - used)
         saved = base_states[0], base_pruned[0]
         paused[:] = [live_states, live_pruned]
-        running[0] = small.search
         try:
-            # Its parts are short: the program is cut into block graphs of its size first.
+            # First the program cut into parts of the whole search's block size (a searcher of
+            # that size: a part's own block graph may hold more ops than the part, its norm
+            # applied after its products).
             before = stats.states
-            base_states[0], base_pruned[0] = small.search.total_states, small.search.total_pruned
-            merge(small.consider_best(split_schedules(small, left, whole=True), contenders))
+            wide = Searcher(program, target, config, on_state=tick, on_verified=found, decided=local.decided)
+            running[0] = wide.search
+            base_states[0], base_pruned[0] = wide.search.total_states, wide.search.total_pruned
+            merge(wide.consider_best(split_schedules(wide, left, whole=True), contenders))
+            wide.forget()
             left -= stats.states - before
+            running[0] = small.search
             for depth in range(first_depth, config.max_kernel_ops + 1):
                 if left <= 0 or not deeper_may_win(depth, small.search):
                     return

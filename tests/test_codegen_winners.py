@@ -130,20 +130,18 @@ def test_a_split_decoder_layer_runs_correctly_in_the_cpu_harness(h100):
 
 @pytest.mark.skipif(runner.gxx() is None or nvcc_path() is None, reason="needs g++ (the CPU harness) and nvcc")
 def test_a_split_gated_kernel_with_a_post_loop_phase_runs_correctly(h100):
-    """The llama MLP block's split schedule at its real width: a gated kernel that loops over the
-    normalized X's columns and finishes silu and the product after the loop, between library
-    kernels. Compiled for sm_90 at that width without spills; rebound to a small width, right in
-    the CPU harness at two tilings."""
+    """The llama MLP block's split schedule at its real width: a gated kernel that loops over X's
+    columns and finishes the norm, silu and the product after the loop, before library kernels. Compiled for sm_90 at that width without spills; rebound to a small width, right in
+    the CPU harness at three tilings."""
     p = llama_mlp(16, 4096, 11008)
     ks = KernelSearch(p, space_of(p), Oracle(p), SearchConfig(), target=h100)
     best = min(ks.program_split(whole=True), key=lambda sg: rank(sg, h100)[0].estimate.time_s)
     assert [o.op for o in best.graph_kernels[0].block.post]
     cuda = generate(instantiate(best, rank(best, h100)[0].params, H100))
-    assert [(r.name, r.spills) for r in compile_report(cuda.source)] == [(ln.name, False) for ln in cuda.launches
-                                                                         if ln.name.endswith("_k1")]
-    small = llama_mlp(4, 256, 512)
+    assert [(r.name, r.spills) for r in compile_report(cuda.source)] == [(ln.name, False) for ln in cuda.launches]
+    small = llama_mlp(4, 64, 128)
     sg = rebind(best, input_decls(small))
-    for seed, params in enumerate(({"gy0": 1, "gx0": 8, "F0": 4}, {"gy0": 2, "gx0": 4, "F0": 2}), start=11):
+    for seed, params in enumerate(param_choices(sg), start=11):
         inputs = random_inputs(small, seed)
         [got] = runner.run(generate(instantiate(sg, params, H100)), inputs)
         assert max_rel_err(got, evaluate(small, inputs)[0]) <= dtype("f16").tolerance, params
