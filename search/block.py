@@ -833,7 +833,7 @@ def _norms_after_products(program: Program) -> Program | None:
             readers.setdefault(i, []).append(n)
     norms = {n.id for n in program.topological() if n.op == "rms_norm" and n.id not in program.outputs
              and n.attrs["dim"] % len(n.shape) == len(n.shape) - 1 and n.id in readers
-             and all(r.op == "matmul" and r.inputs == (n.id, r.inputs[1]) != (n.id, n.id) for r in readers[n.id])}
+             and all(r.op == "matmul" and r.inputs[0] == n.id != r.inputs[1] for r in readers[n.id])}
     if not norms:
         return None
     out = Program(program.name)
