@@ -36,7 +36,7 @@ from superopt.search.space import Space
 from superopt.search.states import FirstKernel, KState, KTensor, input_leaves
 from superopt.search.tiling import axis_options, sinks
 from superopt.search.views import ProgramViews
-from superopt.sgraph import GraphKernel, Kernel, LibraryKernel, SGraph, SGraphError, input_decls
+from superopt.sgraph import GraphKernel, Kernel, LibraryKernel, SGraph, SGraphError, input_decls, read_by_library
 from superopt.sizes import Size
 from superopt.targets import Target
 from superopt.verifier.oracle import AE, RESHAPED, C, Oracle, abstract_program
@@ -206,8 +206,11 @@ class Floors:
         return hit
 
     def _floor_key(self, s: KState, k: Kernel) -> bytes:
-        """What a kernel's floors depend on: the kernel and the shapes of its inputs."""
-        return self._digest(k) + repr([t.shape for t in s.tensors if t.id in k.tensor_inputs]).encode()
+        """What a kernel's floors depend on: the kernel and the shapes of its inputs (and, for a
+        reshape, whether a library kernel reads it: of a view, it then copies)."""
+        copied = isinstance(k, LibraryKernel) and k.op == "reshape" and read_by_library(s.kernels, k.output)
+        return self._digest(k) + repr([t.shape for t in s.tensors if t.id in k.tensor_inputs]).encode() \
+            + b"copied" * copied
 
     def _digest(self, k: Kernel) -> bytes:
         """A 128-bit digest of repr(k), the key of a kernel's floors: kept per kernel object

@@ -40,7 +40,7 @@ from superopt.assignments import candidates as divisor_candidates
 from superopt.dtypes import dtype as get_dtype
 from superopt.instantiate import Instance
 from superopt.program import Program
-from superopt.sgraph import GraphKernel, Kernel, LibraryKernel, SGraph, stored_order
+from superopt.sgraph import GraphKernel, Kernel, LibraryKernel, SGraph, read_by_library, stored_order
 from superopt.targets import Target
 
 DRAM_LATENCY_S = 0.6e-6  # bytes in flight needed to saturate DRAM: bandwidth x this latency
@@ -150,8 +150,10 @@ def _costs(inst: Instance, k: Kernel) -> _Costs:
 
 
 def is_free(sg: SGraph, k: Kernel) -> bool:
-    """A kernel that launches nothing: a constant, a view; a reshape of a transposed view copies."""
-    return isinstance(k, LibraryKernel) and k.op in FREE_OPS and not (k.op == "reshape" and k.inputs[0] in sg.views)
+    """A kernel that launches nothing: a constant, a view; a reshape of a transposed view copies
+    unless only graph kernels read it (`SGraph.reshaped_views`)."""
+    return isinstance(k, LibraryKernel) and k.op in FREE_OPS and not (
+        k.op == "reshape" and k.inputs[0] in sg.views and k.output not in sg.reshaped_views)
 
 
 def _library(inst: Instance, k: LibraryKernel) -> _Costs:
@@ -188,12 +190,12 @@ def _graph(inst: Instance, k: GraphKernel) -> _Costs:
         reads = blocks * loop if inp.fmap is not None else blocks
         loaded = math.prod(tile) * nbytes
         dram = dram + reads * loaded
-        dram_eff = dram_eff + reads * loaded / _sector_efficiency(*_stored_tile(inst, inp.tensor, tile), nbytes)
+        dram_eff = dram_eff + reads * loaded / _read_efficiency(inst, inp.tensor, tile, nbytes)
         per_iteration = per_iteration + (loaded if inp.fmap is not None else np.where(loop == 1, loaded, 0))
     for o in b.outputs:
         moved = math.prod(inst.shape(o.tensor)) * nbytes
         dram = dram + moved
-        dram_eff = dram_eff + moved / _sector_efficiency(inst.tile(k.id, o.source), inst.shape(o.tensor), nbytes)
+        dram_eff = dram_eff + moved / _sector_efficiency(_run(inst.tile(k.id, o.source), inst.shape(o.tensor)), nbytes)
     flops: Any = 0
     comp_s: Any = 0.0
     for phase, repeat in ((b.body, blocks * loop), (b.post, blocks)):
@@ -217,25 +219,39 @@ def _graph(inst: Instance, k: GraphKernel) -> _Costs:
                   np.argmax(parts, axis=0), blocks)
 
 
-def _stored_tile(inst: Instance, tensor: str, tile: tuple[Any, ...]) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
-    """A tile of `tensor` and the tensor's shape in the order of its memory: a view's stored
-    tensor (`SGraph.views`), whose contiguous runs are what a block reads."""
-    if tensor not in inst.sgraph.views:
-        return tile, inst.shape(tensor)
-    stored, perm = inst.sgraph.views[tensor]
-    return stored_order(tile, perm), inst.shape(stored)
+def _read_efficiency(inst: Instance, tensor: str, tile: tuple[Any, ...], nbytes: int) -> Any:
+    """Fraction of each 32-byte DRAM sector that reading a tile of `tensor` uses: the contiguous
+    runs of its memory. A view's are its stored tensor's (`SGraph.views`); a reshaped view's are
+    its own, cut where the view it reshapes leaves its stored order (`SGraph.reshaped_views`)."""
+    sg = inst.sgraph
+    if tensor in sg.reshaped_views:
+        view = sg.reshaped_views[tensor]
+        perm, shape = sg.views[view][1], inst.shape(view)
+        in_order = 1  # the view's trailing dims that keep the stored tensor's order
+        for d in reversed(range(len(perm))):
+            if perm[d] != d:
+                break
+            in_order *= shape[d]
+        return _sector_efficiency(np.minimum(_run(tile, inst.shape(tensor)), in_order), nbytes)
+    if tensor in sg.views:
+        stored, perm = sg.views[tensor]
+        return _sector_efficiency(_run(stored_order(tile, perm), inst.shape(stored)), nbytes)
+    return _sector_efficiency(_run(tile, inst.shape(tensor)), nbytes)
 
 
-def _sector_efficiency(tile: tuple[Any, ...], full: tuple[Any, ...], nbytes: int) -> Any:
-    """Fraction of each 32-byte DRAM sector that a tile's contiguous runs use.
-
-    A run is the trailing tile dims that span the whole tensor dim, times the first one that
-    does not: the bytes one block touches without a gap."""
+def _run(tile: tuple[Any, ...], full: tuple[Any, ...]) -> Any:
+    """Elements a tile holds contiguously in its row-major tensor: the trailing tile dims that
+    span the whole tensor dim, times the first one that does not."""
     run: Any = 1
     spans: Any = True
     for t_d, f_d in zip(reversed(tile), reversed(full), strict=True):
         run = run * np.where(spans, t_d, 1)
         spans = spans & (t_d == f_d)
+    return run
+
+
+def _sector_efficiency(run: Any, nbytes: int) -> Any:
+    """Fraction of each 32-byte DRAM sector that runs of `run` elements use."""
     return np.minimum(1.0, run * nbytes / SECTOR_BYTES)
 
 
@@ -368,7 +384,11 @@ def kernel_floors(
     symbols its estimate depends on that meets the constraints on those symbols alone; empty when
     none does. A lower bound of the kernel's share of any instantiation of `sg`. A kernel whose
     outputs are per-chunk partials shares its chunk count with the kernel that merges them, so
-    its cost is compared per count."""
+    its cost is compared per count. A reshape of a view is free where only graph kernels read it
+    (`SGraph.reshaped_views`): 0 unless a library kernel of `sg` reads it."""
+    if isinstance(kernel, LibraryKernel) and kernel.op == "reshape" and kernel.inputs[0] in sg.views \
+            and not read_by_library(sg.kernels, kernel.output):
+        return {0: 0.0}
     symbols = _own_symbols(sg, kernel, _kernel_symbols(sg, kernel))
     table = assignment_table(sg, target, candidates, symbols=symbols)
     if not table.rows:

@@ -147,6 +147,10 @@ class GraphKernel:
 Kernel = LibraryKernel | GraphKernel
 
 
+def read_by_library(kernels: Sequence[Kernel], tensor: str) -> bool:
+    return any(isinstance(k, LibraryKernel) and tensor in k.inputs for k in kernels)
+
+
 def stored_order(dims: Sequence[Any], perm: Sequence[int]) -> tuple[Any, ...]:
     """Per-dim values of a view (`SGraph.views`: view dim i is stored dim perm[i]) in the order of
     its stored tensor's dims: a view tile's extents as they lie in memory."""
@@ -202,6 +206,17 @@ class SGraph:
                 perm = tuple(k.attrs["perm"])
                 views[k.output] = stored, perm if inner is None else tuple(inner[p] for p in perm)
         return views
+
+    @cached_property
+    def reshaped_views(self) -> dict[str, str]:
+        """Reshapes of views (`views`) that graph kernels read, and nothing else: no library
+        kernel, not the graph's outputs. `reshaped -> transposed view`, whose elements it holds in
+        the same row-major order: a generated kernel reads it in place by that order (heads merged
+        after attention, read by the output projection); any other reader needs a copy."""
+        read = {i for k in self.graph_kernels for i in k.tensor_inputs}
+        return {k.output: k.inputs[0] for k in self.kernels
+                if isinstance(k, LibraryKernel) and k.op == "reshape" and k.inputs[0] in self.views
+                and k.output in read and k.output not in self.outputs and not read_by_library(self.kernels, k.output)}
 
     @property
     def graph_kernels(self) -> list[GraphKernel]:

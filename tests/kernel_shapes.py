@@ -5,6 +5,7 @@ dim."""
 from __future__ import annotations
 
 from superopt import Program
+from superopt.build import SGraphBuilder
 from superopt.config import SearchConfig
 from superopt.search.kernel import KernelSearch
 from superopt.search.space import space_of
@@ -26,6 +27,29 @@ def attention_block(s: int, d: int, heads: int) -> Program:
     o = p.reshape(p.transpose((e / p.sum(e, -1, keepdim=True)) @ v, (1, 0, 2)), (s, d))
     p.output(p.op("matmul", o, wo, name="O"))
     return p
+
+
+def merged_heads(heads: int = 2, rows: int = 16, head_dim: int = 32, cols: int = 48) -> Program:
+    """Heads merged after a per-head op and projected: reshape(transpose(exp(A))) @ W."""
+    p = Program("merged_heads")
+    a, w = p.input("A", (heads, rows, head_dim), "f16"), p.input("W", (heads * head_dim, cols), "f16")
+    merged = p.reshape(p.transpose(p.exp(a), (1, 0, 2)), (rows, heads * head_dim))
+    p.output(p.op("matmul", merged, w, name="O"))
+    return p
+
+
+def merged_heads_sgraph(program: Program, returned: bool = False) -> SGraph:
+    """`merged_heads` as two graph kernels around a transpose and a reshape that the second reads
+    (and, with `returned`, that the graph returns too: then a copy)."""
+    heads, rows, head_dim = program.nodes["A"].shape
+    b = SGraphBuilder.for_program(program, "merged_heads")
+    k = b.graph(grid=[("h", "hx"), ("r", "rx")], loop=("e", 1))
+    k.output(k.acc(k.op("exp", k.input("A", [0, 1], None))), "E", [0, 1])
+    b.library("transpose", "E", out="T", perm=[1, 0, 2])
+    b.library("reshape", "T", out="R", shape=[rows, heads * head_dim])
+    k = b.graph(grid=[("x", "gx"), ("y", "gy")], loop=("f", "F"))
+    k.output(k.acc(k.op("matmul", k.input("R", [0, None], 1), k.input("W", [None, 1], 0))), "O", [0, 1])
+    return b.build(["O", "R"] if returned else ["O"])
 
 
 def llama_mlp(m: int, d: int, f: int) -> Program:

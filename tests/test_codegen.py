@@ -8,6 +8,7 @@ import re
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from kernel_shapes import merged_heads, merged_heads_sgraph
 
 from superopt import workloads
 from superopt.assignments import enumerate_assignments
@@ -16,9 +17,9 @@ from superopt.codegen import CodegenError, KernelLaunch, LibraryCall, generate
 from superopt.codegen.layout import alignment, smem_slots, tile_runs, vector_bytes
 from superopt.codegen.nvcc import parse_ptxas
 from superopt.codegen.stages import lanes_for
-from superopt.costmodel import best_params, estimate, is_free
+from superopt.costmodel import best_params, estimate, is_free, kernel_floors
 from superopt.instantiate import instantiate
-from superopt.sgraph import SGraph, TensorDecl
+from superopt.sgraph import LibraryKernel, SGraph, TensorDecl
 from superopt.targets import TARGETS
 
 H100 = TARGETS["h100"]
@@ -201,7 +202,7 @@ def test_a_transpose_is_a_free_view_read_in_its_stored_layout():
     assert body_v == pytest.approx(4.5 * body_s, rel=0.05)
 
 
-def test_a_reshape_of_a_transposed_view_is_a_copy():
+def test_a_reshape_of_a_transposed_view_returned_is_a_copy():
     b = SGraphBuilder([TensorDecl("X", (64, 32), "f16")], "reshaped")
     b.library("transpose", "X", out="XT", perm=[1, 0])
     b.library("reshape", "XT", out="R", shape=[2048])
@@ -209,4 +210,27 @@ def test_a_reshape_of_a_transposed_view_is_a_copy():
     sg = b.build(["R", "S"])
     times = [k.time_s for k in estimate(instantiate(sg, {}, TARGETS["h100"])).kernels]
     assert times[0] == times[2] == 0.0 and times[1] > TARGETS["h100"].launch_overhead_s
-    assert [is_free(sg, k) for k in sg.kernels] == [True, False, True]
+    assert [is_free(sg, k) for k in sg.kernels] == [True, False, True] and sg.reshaped_views == {}
+
+
+@pytest.mark.parametrize("head_dim", [32, 4])
+def test_a_reshape_of_a_transposed_view_only_graph_kernels_read_is_free(head_dim):
+    """Heads merged by a reshape of a transposed view, read only by a graph kernel: no copy (the
+    kernel indexes the stored tensor), and the reader pays for the runs the view keeps in order,
+    a head's row: 64 bytes fill whole 32-byte sectors (the same time as reading a copy), 8 bytes
+    a quarter of one (its reads of the merged heads take at least 4 times as long). Returned too, the
+    reshape is a copy, launched, and 0 is its floor only while no library kernel reads it."""
+    p = merged_heads(32, 8192, head_dim, 64)
+    free, returned = merged_heads_sgraph(p), merged_heads_sgraph(p, returned=True)
+    assert free.reshaped_views == {"R": "T"} and returned.reshaped_views == {}
+    params = {"hx": 32, "rx": 128, "gx": 128, "gy": 1, "F": 4}
+    f_est, r_est = (estimate(instantiate(sg, params, H100)) for sg in (free, returned))
+    assert f_est.kernels[2].time_s == 0.0 and f_est.launches == 2
+    assert r_est.kernels[2].time_s > H100.launch_overhead_s and r_est.launches == 3
+    reads_s = 8192 * 32 * head_dim * 2 / H100.dram_bytes_per_s  # the merged heads at full bandwidth
+    extra = f_est.kernels[3].time_s - r_est.kernels[3].time_s
+    assert extra == 0.0 if head_dim == 32 else extra >= 3 * reads_s  # 4 times the bytes, at most full bandwidth
+    values = {s: [params[s]] for s in free.symbols}
+    assert kernel_floors(free, H100, free.kernels[2], values) == {0: 0.0}
+    copied = SGraph(free.inputs, (*free.kernels, LibraryKernel("k9", "exp", ("R",), {}, "Z")), ("O", "Z"))
+    assert kernel_floors(copied, H100, copied.kernels[2], values)[0] > H100.launch_overhead_s

@@ -11,10 +11,11 @@ import numpy as np
 import pytest
 from cuda_harness import runner
 from cuda_harness.cases import H100, NAMES, VARIANTS, Case, ci_cases, variant, variant_cases
+from kernel_shapes import merged_heads, merged_heads_sgraph
 
 from superopt import workloads
 from superopt.assignments import enumerate_assignments
-from superopt.codegen import CudaProgram, generate
+from superopt.codegen import CudaProgram, KernelLaunch, generate
 from superopt.dtypes import dtype
 from superopt.instantiate import instantiate
 from superopt.program import Program
@@ -143,3 +144,22 @@ def test_misaligned_vector_copy_is_reported():
     assert src != prog.source
     with pytest.raises(runner.HarnessError, match="misaligned"):
         runner.run(CudaProgram(src, prog.steps, prog.tensors, prog.inputs, prog.outputs), random_inputs(program, 0))
+
+
+@pytest.mark.parametrize("heads", [2, 8])
+def test_a_kernel_reads_merged_heads_in_place(heads):
+    """A graph kernel reading a reshape of a transposed view (`SGraph.reshaped_views`: heads
+    merged for the output projection) indexes the stored tensor itself, no copy launched: right
+    at every loop size and row split, its chunks of the merged dim within a head and across heads."""
+    program = merged_heads(heads=heads, head_dim=64 // heads)
+    sg = merged_heads_sgraph(program)
+    tilings: dict[tuple[int, int], dict[str, int]] = {}
+    for params in enumerate_assignments(sg, H100):
+        tilings.setdefault((params["F"], params["gx"]), params)
+    assert {f for f, _ in tilings} == {1, 2, 4, 8, 16, 32, 64} and {g for _, g in tilings} >= {1, 2, 16}
+    progs = [generate(instantiate(sg, params, H100)) for params in tilings.values()]
+    runner.compile_all(progs)
+    for params, prog in zip(tilings.values(), progs, strict=True):
+        assert [s.op for s in prog.steps if not isinstance(s, KernelLaunch)] == ["transpose", "reshape"]
+        assert prog.reshaped_views == {"R": "E"} and "a reshape of T" in prog.source
+        assert run_error(program, prog, seed=params["F"]) <= dtype("f16").tolerance, params

@@ -11,6 +11,8 @@ from cuda_harness.cases import H100, NAMES, VARIANTS, ci_cases, variant, variant
 from kernel_shapes import (
     candidate,
     grouped_projections,
+    merged_heads,
+    merged_heads_sgraph,
     norm_then_softmax,
     projections,
     softmax_of_transposed,
@@ -120,6 +122,20 @@ def test_reshapes_and_transposes_run_in_place_on_gpu(h100):
     check(p, baseline, seed=1)
     sg = run_search(p, h100, SearchConfig()).best.sgraph
     check(p, _device_program(generate(instantiate(sg, best_params(sg, H100), H100))), seed=2)
+
+
+def test_merged_heads_are_read_in_place_on_gpu():
+    """A graph kernel reading a reshape of a transposed view (heads merged for a projection)
+    gets the stored tensor's buffer and indexes it itself: no copy launched, right at a loop whose
+    chunks lie within a head and at one whose chunks span both heads."""
+    from superopt.runtime.measure import check
+
+    p = merged_heads()
+    sg = merged_heads_sgraph(p)
+    for seed, loop in enumerate((4, 1), start=1):
+        dp = _device_program(generate(instantiate(sg, {"hx": 2, "rx": 2, "gx": 2, "gy": 1, "F": loop}, H100)))
+        assert dp.launches == 2 and dp.buffers["R"] is dp.buffers["E"]
+        check(p, dp, seed)
 
 
 def test_unwritten_output_elements_fail_the_check():

@@ -889,10 +889,11 @@ def test_split_parts_read_a_value_and_its_transpose_and_write_every_value_they_k
 def test_the_split_moves_library_ops_early_so_independent_projections_share_a_kernel(h100):
     """A multi-head attention block cannot be one kernel. Cut in the order the program lists its
     ops, a reshape and a transpose fall between every two projections: each projection is a part
-    of its own (a library matmul), 13.4 us at X (64, 256) on the cost model. With each library op
+    of its own (a library matmul), 12.1 us at X (64, 256) on the cost model. With each library op
     as early as its operands allow (`_split_orders`), the projections come first and share one
     kernel side by side (a part writes as many values as it accumulates: the search grows block
-    graphs of two), the scale joins the attention, the output projection is the library's (9.4 us)."""
+    graphs of two), the scale joins the attention, and the output projection is a graph kernel
+    reading the merged heads in place (`SGraph.reshaped_views`; 8.5 us)."""
     p = attention_block(16, 64, 2)
     ks = KernelSearch(p, space_of(p), Oracle(p), SearchConfig(), target=h100)
     listed, leveled = ks._split_orders()
@@ -901,11 +902,12 @@ def test_the_split_moves_library_ops_early_so_independent_projections_share_a_ke
         ["mul", "matmul", "exp", "sum", "div", "matmul"], ["transpose"], ["reshape"], ["matmul"]]
     assert [len(part) for part in ks._split(listed)[0]] == [1, 1, 1, 2, 1, 1, 1, 1, 1, 5, 1, 1, 1]
     split = ks.program_split()
-    # the listed order: projections and the output projection are library matmuls (one-op parts)
-    assert {sum(isinstance(k, GraphKernel) for k in sg.kernels) for sg in split} == {2}
+    # the listed order: the Q, K and V projections are library matmuls (one-op parts)
+    assert {sum(isinstance(k, GraphKernel) for k in sg.kernels) for sg in split} == {3}
     out = run_search(p, h100, SearchConfig(), max_states=600)
     kinds = [k.op if isinstance(k, LibraryKernel) else "graph" for k in out.best.sgraph.kernels]
-    assert out.best.verdict.proved and kinds[0] == kinds[-4] == "graph" and kinds[-1] == "matmul"
+    assert out.best.verdict.proved and kinds[0] == kinds[-4] == kinds[-1] == "graph" and kinds[-2] == "reshape"
+    assert out.best.best.estimate.launches == 3
     listed_best = min(rank(sg, h100)[0].estimate.time_s for sg in split if len(sg.kernels) == 13)
     assert out.best.best.estimate.time_s < 0.8 * listed_best
 

@@ -56,7 +56,7 @@ def generate(inst: Instance) -> CudaProgram:
     tensors = {t: TensorDecl(t, inst.shape(t), sg.info.dtypes[t]) for t in sg.info.shapes}
     dtypes = set(sg.info.dtypes.values())
     program = CudaProgram("", tuple(steps), tensors, tuple(t.id for t in sg.inputs), tuple(sg.outputs),
-                          dict(inst.values), dict(sg.views))
+                          dict(inst.values), dict(sg.views), {r: sg.views[v][0] for r, v in sg.reshaped_views.items()})
     parts = [_header(inst, program), prelude(dtypes, uses_wmma, "\n".join(bodies)), *bodies, _host_launchers(program)]
     return replace(program, source="\n".join(p for p in parts if p))
 
@@ -77,7 +77,7 @@ def describe_steps(program: CudaProgram) -> list[str]:
     for i, s in enumerate(program.steps, 1):
         if isinstance(s, LibraryCall):
             attrs = "".join(f", {a}={v}" for a, v in s.attrs.items())
-            view = f"  [a view of {program.views[s.output][0]}: no copy]" if s.output in program.views else ""
+            view = f"  [a view of {stored}: no copy]" if (stored := program.stored(s.output)) else ""
             lines.append(f"{i}. library {s.op}({', '.join(s.inputs)}{attrs}) -> {s.output}{view}")
         else:
             grid = ", ".join(map(str, s.grid))
@@ -99,10 +99,17 @@ def _header(inst: Instance, program: CudaProgram) -> str:
         *describe_steps(program),
         "",
         "tensors (row-major, device pointers 16-byte aligned; a view reads its stored tensor's memory):",
-        *(f"{t.id} {t.shape} {t.dtype}" + (f" = view of {program.views[t.id][0]}, dims {list(program.views[t.id][1])}"
-                                           if t.id in program.views else "") for t in program.tensors.values()),
+        *(f"{t.id} {t.shape} {t.dtype}" + _view_text(program, t.id) for t in program.tensors.values()),
     ]
     return "/*\n" + "\n".join(_comment_safe(f" * {ln}".rstrip()) for ln in lines) + "\n */\n"
+
+
+def _view_text(program: CudaProgram, tensor: str) -> str:
+    if tensor in program.views:
+        return f" = view of {program.views[tensor][0]}, dims {list(program.views[tensor][1])}"
+    if tensor in program.reshaped_views:
+        return f" = reshaped view of {program.reshaped_views[tensor]}, read in place by generated kernels"
+    return ""
 
 
 def _host_launchers(program: CudaProgram) -> str:

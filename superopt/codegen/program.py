@@ -85,6 +85,12 @@ class CudaProgram:
     outputs: tuple[str, ...]
     params: Mapping[str, int] = field(default_factory=dict)
     views: Mapping[str, tuple[str, tuple[int, ...]]] = field(default_factory=dict)  # `SGraph.views`: no buffer, no copy
+    # `SGraph.reshaped_views`, each to its stored tensor: no buffer, no copy, read by generated kernels only
+    reshaped_views: Mapping[str, str] = field(default_factory=dict)
+
+    def stored(self, tensor: str) -> str | None:
+        """The tensor whose memory a view or a reshaped view reads (None for any other tensor)."""
+        return self.views[tensor][0] if tensor in self.views else self.reshaped_views.get(tensor)
 
     @property
     def launches(self) -> tuple[KernelLaunch, ...]:
@@ -96,5 +102,5 @@ class CudaProgram:
 
     def launch_json(self) -> list[dict[str, Any]]:
         """Per kernel, in order: what `Candidate.launch` holds."""
-        return [{**s.to_json(), "view_of": self.views[s.output][0]}
-                if isinstance(s, LibraryCall) and s.output in self.views else s.to_json() for s in self.steps]
+        return [{**s.to_json(), "view_of": stored} if isinstance(s, LibraryCall) and (stored := self.stored(s.output))
+                else s.to_json() for s in self.steps]

@@ -87,6 +87,8 @@ def load(ctx: KernelContext, inp: BlockInput) -> Stage:
     """Copy an input tile into shared memory, cooperatively, in the widest aligned vectors."""
     if inp.tensor in ctx.inst.sgraph.views:
         return _load_view(ctx, inp)
+    if inp.tensor in ctx.inst.sgraph.reshaped_views:
+        return _load_reshaped_view(ctx, inp)
     full = ctx.inst.shape(inp.tensor)
     tile = ctx.tile(inp.id)
     runs = tile_runs(tile, full)
@@ -134,6 +136,29 @@ def _load_view(ctx: KernelContext, inp: BlockInput) -> Stage:
              *indent(element_loop(math.prod(tile), [*walk.decls, copy])), "}"]
     return _stage(f"load {inp.id} <- {inp.tensor} (a view of {stored}, dims {list(perm)}: element copies)",
                   lines, set(), {inp.id})
+
+
+def _load_reshaped_view(ctx: KernelContext, inp: BlockInput) -> Stage:
+    """Copy a tile of a reshaped view (`SGraph.reshaped_views`) into shared memory, row-major:
+    an element's row-major index in the reshaped tensor is its index in the transposed view it
+    reshapes, whose dims address the stored tensor's memory with permuted strides."""
+    view = ctx.inst.sgraph.reshaped_views[inp.tensor]
+    stored, perm = ctx.inst.sgraph.views[view]
+    sst, shape = strides(ctx.inst.shape(stored)), ctx.inst.shape(view)
+    full, tile = ctx.inst.shape(inp.tensor), ctx.tile(inp.id)
+    fst, vst = strides(full), strides(shape)
+    walk = Space.elements(tile)
+    linear = " + ".join(["base", *(f"{walk.coord(d)} * {fst[d]}" for d in range(len(tile)) if tile[d] != 1)])
+    address = []
+    for d, n in enumerate(shape):
+        if n != 1:  # the view's index along d (the first needs no modulo: l is below the size)
+            index = (f"l / {vst[d]}" if vst[d] > 1 else "l") + (f" % {n}" if d else "")
+            address.append(f"({index}) * {sst[perm[d]]}")
+    copy = f"{ctx.smem(inp.id)}[i] = {ctx.gname(inp.tensor)}[{' + '.join(address) or '0'}];"
+    lines = ["{", f"  const int base = {_const_terms(_tile_origin(ctx, inp, fst))};",
+             *indent(element_loop(math.prod(tile), [*walk.decls, f"const int l = {linear};", copy])), "}"]
+    return _stage(f"load {inp.id} <- {inp.tensor} (a reshape of {view}, a view of {stored}, dims {list(perm)}: "
+                  "element copies)", lines, set(), {inp.id})
 
 
 def store(ctx: KernelContext, out: BlockOutput) -> Stage:

@@ -22,8 +22,10 @@ class DeviceProgram:
         self.functions = kernel_functions(prog) if prog.launches else {}
         self.library = LibraryOps(self.cp)
         # Views alias their stored tensor (no buffer, no copy), and so does a reshape of a
-        # contiguous tensor; a reshape of a transposed view is a copy, run like any library kernel.
-        self.aliases: set[str] = set(prog.views)
+        # contiguous tensor, and one of a transposed view that only generated kernels read (they
+        # index the stored tensor's memory themselves); any other reshape of a transposed view is
+        # a copy, run like any library kernel.
+        self.aliases: set[str] = set(prog.views) | set(prog.reshaped_views)
         for step in prog.steps:
             if isinstance(step, LibraryCall) and step.op == "reshape" and step.inputs[0] not in prog.views:
                 self.aliases.add(step.output)
@@ -36,7 +38,9 @@ class DeviceProgram:
             if t.id not in self.aliases:
                 self.buffers[t.id] = self.cp.empty(t.shape, dtype=STORAGE[t.dtype])
         for step in prog.steps:  # in order: a reshape may alias an alias
-            if isinstance(step, LibraryCall) and step.output in self.aliases:
+            if isinstance(step, LibraryCall) and step.output in prog.reshaped_views:
+                self.buffers[step.output] = self.buffers[prog.reshaped_views[step.output]]  # its memory
+            elif isinstance(step, LibraryCall) and step.output in self.aliases:
                 stored, perm = prog.views.get(step.output, (step.inputs[0], None))
                 base = self.buffers[stored]
                 shape = prog.tensors[step.output].shape

@@ -102,7 +102,7 @@ def _launch(binary: Path, launch: KernelLaunch, prog: CudaProgram, values: dict[
         buf = np.full(2 * pad + nbytes, POISON, dtype=np.uint8)
         written = t in launch.outputs
         if not written:  # a view's bytes are its stored tensor's, in that tensor's order
-            stored = prog.views[t][0] if t in prog.views else t
+            stored = prog.stored(t) or t
             buf[pad : pad + nbytes] = encode(values[stored], spec.dtype).view(np.uint8).reshape(-1)
         path = d / f"{launch.name}.{j}.bin"
         path.write_bytes(buf.tobytes())
