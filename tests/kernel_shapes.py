@@ -29,24 +29,28 @@ def attention_block(s: int, d: int, heads: int) -> Program:
     return p
 
 
-def merged_heads(heads: int = 2, rows: int = 16, head_dim: int = 32, cols: int = 48) -> Program:
-    """Heads merged after a per-head op and projected: reshape(transpose(exp(A))) @ W."""
-    p = Program("merged_heads")
-    a, w = p.input("A", (heads, rows, head_dim), "f16"), p.input("W", (heads * head_dim, cols), "f16")
-    merged = p.reshape(p.transpose(p.exp(a), (1, 0, 2)), (rows, heads * head_dim))
-    p.output(p.op("matmul", merged, w, name="O"))
+def reshaped_view(shape: tuple[int, ...], perm: tuple[int, ...], reshaped: tuple[int, int], cols: int) -> Program:
+    """reshape(transpose(exp(A), perm)) @ W: a reshape of a transposed view read by a product."""
+    p = Program("reshaped_view")
+    a, w = p.input("A", shape, "f16"), p.input("W", (reshaped[1], cols), "f16")
+    p.output(p.op("matmul", p.reshape(p.transpose(p.exp(a), perm), reshaped), w, name="O"))
     return p
 
 
-def merged_heads_sgraph(program: Program, returned: bool = False) -> SGraph:
-    """`merged_heads` as two graph kernels around a transpose and a reshape that the second reads
-    (and, with `returned`, that the graph returns too: then a copy)."""
-    heads, rows, head_dim = program.nodes["A"].shape
-    b = SGraphBuilder.for_program(program, "merged_heads")
+def merged_heads(heads: int = 2, rows: int = 16, head_dim: int = 32, cols: int = 48) -> Program:
+    """Heads merged after a per-head op, as attention's output projection reads them."""
+    return reshaped_view((heads, rows, head_dim), (1, 0, 2), (rows, heads * head_dim), cols)
+
+
+def reshaped_view_sgraph(program: Program, returned: bool = False) -> SGraph:
+    """`reshaped_view` as two graph kernels around the transpose and the reshape, which the
+    second reads (and, with `returned`, that the graph returns too: then a copy)."""
+    transpose, reshape = (n for n in program.topological() if n.op in ("transpose", "reshape"))
+    b = SGraphBuilder.for_program(program, "reshaped_view")
     k = b.graph(grid=[("h", "hx"), ("r", "rx")], loop=("e", 1))
     k.output(k.acc(k.op("exp", k.input("A", [0, 1], None))), "E", [0, 1])
-    b.library("transpose", "E", out="T", perm=[1, 0, 2])
-    b.library("reshape", "T", out="R", shape=[rows, heads * head_dim])
+    b.library("transpose", "E", out="T", perm=list(transpose.attrs["perm"]))
+    b.library("reshape", "T", out="R", shape=list(reshape.shape))
     k = b.graph(grid=[("x", "gx"), ("y", "gy")], loop=("f", "F"))
     k.output(k.acc(k.op("matmul", k.input("R", [0, None], 1), k.input("W", [None, 1], 0))), "O", [0, 1])
     return b.build(["O", "R"] if returned else ["O"])

@@ -8,7 +8,7 @@ import re
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from kernel_shapes import merged_heads, merged_heads_sgraph
+from kernel_shapes import merged_heads, reshaped_view_sgraph
 
 from superopt import workloads
 from superopt.assignments import enumerate_assignments
@@ -221,7 +221,7 @@ def test_a_reshape_of_a_transposed_view_only_graph_kernels_read_is_free(head_dim
     a quarter of one (its reads of the merged heads take at least 4 times as long). Returned too, the
     reshape is a copy, launched, and 0 is its floor only while no library kernel reads it."""
     p = merged_heads(32, 8192, head_dim, 64)
-    free, returned = merged_heads_sgraph(p), merged_heads_sgraph(p, returned=True)
+    free, returned = reshaped_view_sgraph(p), reshaped_view_sgraph(p, returned=True)
     assert free.reshaped_views == {"R": "T"} and returned.reshaped_views == {}
     params = {"hx": 32, "rx": 128, "gx": 128, "gy": 1, "F": 4}
     f_est, r_est = (estimate(instantiate(sg, params, H100)) for sg in (free, returned))

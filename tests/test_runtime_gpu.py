@@ -12,9 +12,9 @@ from kernel_shapes import (
     candidate,
     grouped_projections,
     merged_heads,
-    merged_heads_sgraph,
     norm_then_softmax,
     projections,
+    reshaped_view_sgraph,
     softmax_of_transposed,
     total,
 )
@@ -131,7 +131,7 @@ def test_merged_heads_are_read_in_place_on_gpu():
     from superopt.runtime.measure import check
 
     p = merged_heads()
-    sg = merged_heads_sgraph(p)
+    sg = reshaped_view_sgraph(p)
     for seed, loop in enumerate((4, 1), start=1):
         dp = _device_program(generate(instantiate(sg, {"hx": 2, "rx": 2, "gx": 2, "gy": 1, "F": loop}, H100)))
         assert dp.launches == 2 and dp.buffers["R"] is dp.buffers["E"]
