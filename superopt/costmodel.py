@@ -153,7 +153,7 @@ def is_free(sg: SGraph, k: Kernel) -> bool:
     """A kernel that launches nothing: a constant, a view; a reshape of a transposed view copies
     unless only graph kernels read it (`SGraph.reshaped_views`)."""
     return isinstance(k, LibraryKernel) and k.op in FREE_OPS and not (
-        k.op == "reshape" and k.inputs[0] in sg.views and k.output not in sg.reshaped_views)
+        sg.reshapes_view(k) and k.output not in sg.reshaped_views)
 
 
 def _library(inst: Instance, k: LibraryKernel) -> _Costs:
@@ -386,8 +386,7 @@ def kernel_floors(
     outputs are per-chunk partials shares its chunk count with the kernel that merges them, so
     its cost is compared per count. A reshape of a view is free where only graph kernels read it
     (`SGraph.reshaped_views`): 0 unless a library kernel of `sg` reads it."""
-    if isinstance(kernel, LibraryKernel) and kernel.op == "reshape" and kernel.inputs[0] in sg.views \
-            and not read_by_library(sg.kernels, kernel.output):
+    if sg.reshapes_view(kernel) and not read_by_library(sg.kernels, kernel.output):
         return {0: 0.0}
     symbols = _own_symbols(sg, kernel, _kernel_symbols(sg, kernel))
     table = assignment_table(sg, target, candidates, symbols=symbols)

@@ -215,8 +215,13 @@ class SGraph:
         after attention, read by the output projection); any other reader needs a copy."""
         read = {i for k in self.graph_kernels for i in k.tensor_inputs}
         return {k.output: k.inputs[0] for k in self.kernels
-                if isinstance(k, LibraryKernel) and k.op == "reshape" and k.inputs[0] in self.views
-                and k.output in read and k.output not in self.outputs and not read_by_library(self.kernels, k.output)}
+                if self.reshapes_view(k) and k.output in read and k.output not in self.outputs
+                and not read_by_library(self.kernels, k.output)}
+
+    def reshapes_view(self, k: Kernel) -> bool:
+        """Is `k` a library reshape of a transposed view: a copy, or nothing where the readers
+        index the stored tensor themselves (`reshaped_views`)?"""
+        return isinstance(k, LibraryKernel) and k.op == "reshape" and k.inputs[0] in self.views
 
     @property
     def graph_kernels(self) -> list[GraphKernel]:

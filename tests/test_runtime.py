@@ -1,11 +1,13 @@
-"""The GPU runtime on a machine without one: nothing imports CuPy, and every GPU path says why it
-cannot run. (The GPU behaviour itself is in test_runtime_gpu.py, marked `gpu`.)"""
+"""The GPU runtime on a machine without one: nothing imports CuPy, every GPU path says why it
+cannot run, and the re-ranking of proved candidates by device times is right against a faked
+device. (The GPU behaviour itself is in test_runtime_gpu.py, marked `gpu`.)"""
 
 from __future__ import annotations
 
 import subprocess
 import sys
 import types
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -66,3 +68,87 @@ def test_host_encoding_rounds_to_the_dtype_and_back(dt):
     np.testing.assert_array_equal(decode(encode(back, dt), dt), back)  # exact once rounded
     if dt == "bf16":
         assert stored[0, 0] == np.float32(dtype("bf16").round(x[:1, :1])[0, 0]).view(np.uint32) >> 16
+
+
+
+def test_a_local_gpu_re_times_the_contenders_and_never_returns_a_wrong_kernel(monkeypatch, tmp_path):
+    """`--target auto` with a GPU: the search proves the best few, each is checked and timed on the
+    device, and the fastest correct one wins with its measured time, though the cost model ranked
+    it last; one whose kernels are wrong on the device is dropped. The device is faked here (its
+    timings and its wrong kernel); the real one is `test_runtime_gpu.py`'s."""
+    import superopt.runtime.measure as measure_module
+    from superopt import optimize, workloads
+    from superopt.runtime.measure import IncorrectKernel, Measurement
+    from superopt.search.driver import CONTENDERS
+
+    _fake_h200(monkeypatch, tmp_path)
+    program = workloads.resolve("lora:ci")
+    timed: list[tuple[str, float]] = []  # (sGraph, faked device time), in the order timed
+    wrong: list[str] = []
+
+    def fake_measure(prog, sg, params, target, *args, **kwargs):  # type: ignore[no-untyped-def]
+        assert prog is program and target.name == "h200"
+        if sg.name.endswith(".unfused"):
+            us = 5000.0
+        elif not wrong:  # the cost model's favourite is wrong on the device
+            wrong.append(sg.dumps())
+            raise IncorrectKernel(f"{sg.name}: max relative error 1.0 exceeds the tolerance")
+        else:
+            us = 1000.0 - 10.0 * len(timed)  # each contender is faster than the one before it
+        timed.append((sg.dumps(), us))
+        return Measurement(sg.name, us, us - 1.0, 200, 1e-4, 1e-2, len(sg.kernels))
+
+    monkeypatch.setattr(measure_module, "measure", fake_measure)
+    db = f"sqlite:///{tmp_path / 'cache.db'}"
+    result = optimize(program, target="auto", budget_s=30, db=db)
+    report = result.report()
+    assert report["target"]["name"] == "h200" and report["target"]["measured"] is True
+    assert report["target"]["fingerprint"].startswith("gpu:NVIDIA H200:sm9.0:cuda13000")
+    ranked = [c.sgraph.dumps() for c in sorted(result.candidates, key=lambda c: c.estimated_us)
+              if not c.sgraph.name.endswith(".unfused")]
+    assert len(ranked) == CONTENDERS and ranked[0] == wrong[0]  # the search proved the best few
+    assert [s for s, _ in timed] == [*ranked[1:], result.baseline.sgraph.dumps()]  # the wrong one untimed
+    assert result.best.sgraph.dumps() == ranked[-1] == timed[-2][0]
+    assert report["best"]["time_us"] == timed[-2][1] and report["best"]["time_source"] == "measured"
+    assert report["best"]["estimated_us"] == result.best.estimated_us  # the cost model's figure is kept
+    assert report["best"]["verdict"]["egraph"] == "proved" and report["best"]["baseline_time_us"] == 5000.0
+    assert report["best"]["speedup"] == 5000.0 / timed[-2][1]
+    again = optimize(program, target="auto", budget_s=30, db=db)
+    assert again.best.sgraph.dumps() == ranked[-1] and again.best.time_us == timed[-2][1]
+    assert len(timed) == CONTENDERS  # the cached answer was not timed again
+
+
+def test_where_every_fused_kernel_is_wrong_on_the_device_the_baseline_is_returned(monkeypatch, tmp_path):
+    import superopt.runtime.measure as measure_module
+    from superopt import optimize, workloads
+    from superopt.api import NoCandidate
+    from superopt.runtime.measure import IncorrectKernel, Measurement
+
+    _fake_h200(monkeypatch, tmp_path)
+    program = workloads.resolve("rmsnorm_matmul:ci")
+    baseline_ok = True
+
+    def fake_measure(prog, sg, params, target, *args, **kwargs):  # type: ignore[no-untyped-def]
+        if not (baseline_ok and sg.name.endswith(".unfused")):
+            raise IncorrectKernel(f"{sg.name}: max relative error 1.0 exceeds the tolerance")
+        return Measurement(sg.name, 7.0, 6.5, 200, 1e-4, 1e-2, len(sg.kernels))
+
+    monkeypatch.setattr(measure_module, "measure", fake_measure)
+    result = optimize(program, target="auto", budget_s=30, cache=False)
+    assert result.best.sgraph.name.endswith(".unfused") and result.best.time_source == "measured"
+    assert result.best.time_us == 7.0 and len(result.candidates) > 1
+    baseline_ok = False
+    with pytest.raises(NoCandidate, match="no candidate was correct on the device"):
+        optimize(program, target="auto", budget_s=30, cache=False)
+
+
+def _fake_h200(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """A local H200 as `resolve_target('auto')` sees one (its name and fingerprint); nothing else
+    of it exists, so whatever would run on it must be faked too."""
+    import superopt.runtime
+
+    monkeypatch.setenv("SUPEROPT_CACHE_DIR", f"{tmp_path}/cache")
+    fingerprint = {"device": "NVIDIA H200", "compute_capability": "9.0", "cuda_runtime": 13000,
+                   "cuda_driver": 13000, "cupy": "13.6.0"}
+    monkeypatch.setattr(superopt.runtime, "gpu_available", lambda: (True, "NVIDIA H200"))
+    monkeypatch.setattr(superopt.runtime, "device_fingerprint", lambda: fingerprint)
