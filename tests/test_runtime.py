@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from kernel_shapes import merged_heads, reshaped_view_sgraph
 
 from superopt.dtypes import dtype
 from superopt.runtime import GpuUnavailable, device_fingerprint, fingerprint_text, gpu_available
@@ -152,3 +153,28 @@ def _fake_h200(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
                    "cuda_driver": 13000, "cupy": "13.6.0"}
     monkeypatch.setattr(superopt.runtime, "gpu_available", lambda: (True, "NVIDIA H200"))
     monkeypatch.setattr(superopt.runtime, "device_fingerprint", lambda: fingerprint)
+
+
+@pytest.mark.parametrize("returned", [False, True])
+def test_the_device_plan_aliases_views_and_reads_merged_heads_in_place(monkeypatch, returned):
+    """The buffers a `DeviceProgram` allocates (numpy stands in for CuPy; nothing runs): a
+    transposed view aliases its stored tensor, and so does the reshape of it that only generated
+    kernels read (heads merged for a projection): one buffer, no launch, never poisoned. Returned
+    too, the reshape is a copy into a buffer of its own, launched like any library kernel."""
+    import superopt.runtime.executor as executor
+    from superopt.codegen import generate
+    from superopt.instantiate import instantiate
+    from superopt.targets import TARGETS
+
+    monkeypatch.setattr(executor, "require_cupy", lambda: types.SimpleNamespace(empty=np.empty, uint8=np.uint8))
+    monkeypatch.setattr(executor, "kernel_functions", lambda prog: {ln.name: None for ln in prog.launches})
+    sg = reshaped_view_sgraph(merged_heads(), returned=returned)
+    prog = generate(instantiate(sg, {"hx": 2, "rx": 2, "gx": 2, "gy": 1, "F": 4}, TARGETS["h100"]))
+    dev = executor.DeviceProgram(prog)
+    assert dev.buffers["T"].base is dev.buffers["E"] and dev.buffers["T"].shape == (16, 2, 32)
+    assert (dev.buffers["R"] is dev.buffers["E"]) is not returned
+    assert dev.launches == 2 + returned and set(dev.buffers) == {"A", "W", "E", "T", "R", "O"}
+    dev.poison()
+    assert np.isnan(dev.buffers["O"]).all() and np.isnan(dev.buffers["E"]).all()
+    if returned:
+        assert dev.buffers["R"].shape == (16, 64) and np.isnan(dev.buffers["R"]).all()
