@@ -45,6 +45,9 @@ Body = tuple[tuple[int, tuple[int, ...], int], int, tuple[Step, ...]]
 COMMUTATIVE = ("add", "mul")  # binary ops generated with their older operand first only
 UNIT = -1  # the class of a size-1 dim: broadcasts against anything, never split
 MAX_ACCUMULATORS = 3  # per block graph, as in Mirage's generator
+# A program part's block graph (`program_graphs`) is given, not grown: it may take one more, so a
+# norm and the three products that read it (rms_norm before Q, K and V) make one kernel.
+PART_ACCUMULATORS = MAX_ACCUMULATORS + 1
 # Values a block graph writes: flash decoding writes partial numerators and denominators; a
 # program returning more values may write them all from one kernel (`Generator.max_outputs`).
 MAX_OUTPUTS = 2
@@ -297,7 +300,8 @@ class Generator:
             # so the accumulators are written as they are (walking post-loop graphs over them
             # took 10 s for a 5-op part of a program too large for one kernel), as many as there
             # are (`max_outputs` bounds what the search grows; this graph is given).
-            yield from (accs for accs in self._with_accumulators(placed[0]) if self.complete(accs, MAX_ACCUMULATORS))
+            yield from (accs for accs in self._with_accumulators(placed[0], PART_ACCUMULATORS)
+                        if self.complete(accs, MAX_ACCUMULATORS))
         # After the products: the program's post-loop ops, and with them its norms that only
         # products read (`_norms_after_products`): a loop may then walk the normalized dim too.
         for form in (program, _norms_after_products(program)):
@@ -313,7 +317,7 @@ class Generator:
         if placed is None:
             return
         body, where = placed
-        for accs in self._with_accumulators(body):
+        for accs in self._with_accumulators(body, PART_ACCUMULATORS):
             accumulated = {node: k for node, tile in where.items() for k, t in enumerate(accs.tiles)
                            if t.op == "acc" and t.args == (tile,)}
             done = self._place(accs, [n for n in ops_ if n.id in post], program, accumulated)
@@ -397,22 +401,22 @@ class Generator:
             seen.add(signature)
             yield self._digest(signature), state
 
-    def _with_accumulators(self, body: BlockState) -> Iterator[BlockState]:
-        """A loop body's choices of accumulators, in a fixed order. An empty body over untied
-        inputs has none when the tilings include no loop: its loop would only load the inputs for
-        the post-loop graph to compute everything, the same graph computed in the loop body with
-        no loop."""
+    def _with_accumulators(self, body: BlockState, most: int = MAX_ACCUMULATORS) -> Iterator[BlockState]:
+        """A loop body's choices of at most `most` accumulators, in a fixed order. An empty body
+        over untied inputs has none when the tilings include no loop: its loop would only load the
+        inputs for the post-loop graph to compute everything, the same graph computed in the loop
+        body with no loop."""
         if body.nops == 0 and not body.tied and self.no_loop_tilings:
             return
         sinks = [k for k in range(len(body.tiles)) if k not in body.used]
-        if not sinks or len(sinks) > MAX_ACCUMULATORS:
+        if not sinks or len(sinks) > most:
             return
         # Besides the sinks, a tile the body also reads may be accumulated when it holds a
         # reduction (gathering an unreduced one after the loop adds nothing to compute from) or
         # a program output (written as well: a residual sum returned with its rms_norm).
         read = [k for k in range(len(body.tiles)) if k in body.used and (
             _reduces(body.tiles[k].ae) or self.oracle.is_output(body.tiles[k].ae))]
-        for extra in range(MAX_ACCUMULATORS - len(sinks) + 1):
+        for extra in range(most - len(sinks) + 1):
             for more in combinations(read, extra):
                 state: BlockState | None = body.reordered()
                 for k in sorted((*sinks, *more)):

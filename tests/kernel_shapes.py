@@ -66,6 +66,15 @@ def llama_mlp(m: int, d: int, f: int) -> Program:
     return p
 
 
+def norm_projections(m: int, d: int, n: int) -> Program:
+    """A decoder's first op and the Q, K and V projections of its normalized X: three outputs."""
+    p = Program("norm_projections")
+    xn = p.rms_norm(p.input("X", (m, d), "f16"), -1)
+    for name in ("Q", "K", "V"):
+        p.output(p.op("matmul", xn, p.input(f"W{name.lower()}", (d, n), "f16"), name=name))
+    return p
+
+
 def projections() -> Program:
     """Q, K and V projections of one X: independent outputs, fused side by side (one grid axis
     over the columns of all three weights)."""

@@ -15,6 +15,7 @@ from kernel_shapes import (
     candidate,
     grouped_projections,
     llama_mlp,
+    norm_projections,
     norm_then_softmax,
     projections,
     softmax_of_transposed,
@@ -135,22 +136,28 @@ def test_a_split_decoder_layer_runs_correctly_in_the_cpu_harness(h100):
 
 
 @pytest.mark.skipif(runner.gxx() is None or nvcc_path() is None, reason="needs g++ (the CPU harness) and nvcc")
-def test_a_split_gated_kernel_with_a_post_loop_phase_runs_correctly(h100):
-    """The llama MLP block's split schedule at its real width: a gated kernel that loops over X's
-    columns and finishes the norm, silu and the product after the loop, before library kernels. Compiled for sm_90 at that width without spills; rebound to a small width, right in
-    the CPU harness at three tilings."""
-    p = llama_mlp(16, 4096, 11008)
+@pytest.mark.parametrize("real,small", [
+    (lambda: llama_mlp(16, 4096, 11008), lambda: llama_mlp(4, 64, 128)),
+    (lambda: norm_projections(16, 4096, 4096), lambda: norm_projections(4, 64, 32))], ids=["llama_mlp", "norm_qkv"])
+def test_a_split_kernel_with_a_post_loop_phase_runs_correctly(h100, real, small):
+    """Split schedules at real widths whose graph kernel loops over X's columns and finishes after
+    the loop: the llama MLP block's gated kernel (the norm, silu and the product), and the Q, K
+    and V projections of a normalized X (the norm over four accumulators). Compiled for sm_90 at
+    that width without spills; rebound to a small width, right in the CPU harness at three
+    tilings."""
+    p = real()
     ks = KernelSearch(p, space_of(p), Oracle(p), SearchConfig(), target=h100)
     best = min(ks.program_split(whole=True), key=lambda sg: rank(sg, h100)[0].estimate.time_s)
     assert [o.op for o in best.graph_kernels[0].block.post]
     cuda = generate(instantiate(best, rank(best, h100)[0].params, H100))
     assert [(r.name, r.spills) for r in compile_report(cuda.source)] == [(ln.name, False) for ln in cuda.launches]
-    small = llama_mlp(4, 64, 128)
-    sg = rebind(best, input_decls(small))
+    little = small()
+    sg = rebind(best, input_decls(little))
     for seed, params in enumerate(param_choices(sg), start=11):
-        inputs = random_inputs(small, seed)
-        [got] = runner.run(generate(instantiate(sg, params, H100)), inputs)
-        assert max_rel_err(got, evaluate(small, inputs)[0]) <= dtype("f16").tolerance, params
+        inputs = random_inputs(little, seed)
+        got = runner.run(generate(instantiate(sg, params, H100)), inputs)
+        for out, want in zip(got, evaluate(little, inputs), strict=True):
+            assert max_rel_err(out, want) <= dtype("f16").tolerance, params
 
 
 @pytest.mark.skipif(nvcc_path() is None, reason="nvcc is not on PATH: cannot compile for sm_90")
