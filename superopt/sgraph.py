@@ -24,7 +24,7 @@ import json
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from functools import cached_property
-from typing import Any, Literal
+from typing import Any, Literal, TypeGuard
 
 from superopt import ops
 from superopt.dtypes import dtype as get_dtype
@@ -218,7 +218,7 @@ class SGraph:
                 if self.reshapes_view(k) and k.output in read and k.output not in self.outputs
                 and not read_by_library(self.kernels, k.output)}
 
-    def reshapes_view(self, k: Kernel) -> bool:
+    def reshapes_view(self, k: Kernel) -> TypeGuard[LibraryKernel]:
         """Is `k` a library reshape of a transposed view: a copy, or nothing where the readers
         index the stored tensor themselves (`reshaped_views`)?"""
         return isinstance(k, LibraryKernel) and k.op == "reshape" and k.inputs[0] in self.views

@@ -130,8 +130,29 @@ def test_field_matmul_is_exact_for_every_contraction_length(a_shape, b_shape, m)
     for idx in np.ndindex(*got.shape[:-2]):
         x, y = a3[idx].astype(object), b3[idx].astype(object)
         assert np.array_equal(got[idx], (x.dot(y) % m).astype(np.int64)), idx
-    # the same with the operands' float64 copies given (an input's, `FF.pf`), halves included
-    assert np.array_equal(finite_field._matmul_mod(a, b, m, a.astype(np.float64), b.astype(np.float64)), got)
+    # the same with the operands' float64 copies given (an input's, `FF.pf`), halves included,
+    # and with those alone (an input's int64 residues are not held)
+    af, bf = a.astype(np.float64), b.astype(np.float64)
+    assert np.array_equal(finite_field._matmul_mod(a, b, m, af, bf), got)
+    assert np.array_equal(finite_field._matmul_mod(None, None, m, af, bf), got)
+
+
+def test_an_inputs_residues_are_held_once_and_a_weight_stays_float64():
+    """At real shapes the inputs' residues are most of a check's memory: each is held as float64
+    only, its int64 residues made for the ops that need them (elementwise ops, the limbs of a
+    matmul's smaller operand), never for a weight a matmul reads whole, nor for views of it."""
+    program = workloads.resolve("gated_mlp:ci")  # X (4, 64) against W1, W2 (64, 48)
+    rng = np.random.default_rng(5)
+    inputs = finite_field.random_field_inputs(program, rng)
+    assert all(x._p is None and x._q is None and x.pf is not None and x.qf is not None for x in inputs.values())
+    alg = finite_field.FieldAlgebra(rng)
+    x, w = inputs["X"], inputs["W1"]
+    tile = alg.take(w, (slice(0, 64), slice(0, 16)))
+    got = alg.matmul(alg.exp(x), tile)
+    assert w._p is None and w._q is None and tile._p is None  # read as float64 only
+    exp_x = finite_field._exp_g(x.qf.astype(np.int64))  # exp in Z_P: g to the shadow
+    want = exp_x.astype(object).dot(w.pf[:, :16].astype(np.int64).astype(object)) % finite_field.P
+    assert np.array_equal(got.p, want.astype(np.int64))
 
 
 def test_only_inputs_under_an_exp_carry_the_exponent_shadow(h100):

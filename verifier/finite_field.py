@@ -17,6 +17,7 @@ independent trials multiply. `error_bound` reports that figure.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
@@ -39,17 +40,39 @@ POISON = -1  # never a residue: an unwritten output element fails every comparis
 UF_DEGREE = 3
 
 
-@dataclass
 class FF:
-    """A tensor over Z_P with an optional exponent shadow over Z_Q. An input's residues come with
-    float64 copies (`pf`, `qf`), kept through slices and views of it: a matmul reads a weight
-    as float64 (`_matmul_mod`), and converting it for every matmul and tile that reads it was
-    most of a check at real shapes."""
+    """A tensor over Z_P with an optional exponent shadow over Z_Q. An input's residues are held as
+    float64 only (`pf`, `qf`: exact below 2^53), kept through slices and views of it: a matmul
+    reads a weight as float64 (`_matmul_mod`), and the int64 residues (`p`, `q`) are made only
+    where an op needs them, so at real shapes a weight is held once (a decoder layer's: 4.8 ->
+    2.3 GB), not as both."""
 
-    p: np.ndarray
-    q: np.ndarray | None
-    pf: np.ndarray | None = None
-    qf: np.ndarray | None = None
+    __slots__ = ("_p", "_q", "pf", "qf")
+
+    def __init__(self, p: np.ndarray | None, q: np.ndarray | None,
+                 pf: np.ndarray | None = None, qf: np.ndarray | None = None) -> None:
+        self._p, self._q, self.pf, self.qf = p, q, pf, qf
+
+    @property
+    def p(self) -> np.ndarray:
+        if self._p is None:
+            assert self.pf is not None
+            self._p = self.pf.astype(np.int64)
+        return self._p
+
+    @property
+    def q(self) -> np.ndarray | None:
+        if self._q is None and self.qf is not None:
+            self._q = self.qf.astype(np.int64)
+        return self._q
+
+    @q.setter
+    def q(self, value: np.ndarray | None) -> None:
+        self._q, self.qf = value, None
+
+    @property
+    def shadowed(self) -> bool:
+        return self._q is not None or self.qf is not None
 
 
 def _mulmod(a: np.ndarray, b: np.ndarray, m: int) -> np.ndarray:
@@ -84,21 +107,23 @@ def _exp_g(e: np.ndarray) -> np.ndarray:
 
 
 def _matmul_mod(
-    a: np.ndarray, b: np.ndarray, m: int, af: np.ndarray | None = None, bf: np.ndarray | None = None,
+    a: np.ndarray | None, b: np.ndarray | None, m: int, af: np.ndarray | None = None, bf: np.ndarray | None = None,
 ) -> np.ndarray:
     """Exact (a @ b) mod m in float64 BLAS: the operand with fewer elements is cut into limbs of
     `width` bits, the other taken whole (residues below 2^32), so every sum of K products stays
     below 2^53, where float64 is exact. The limbs are stacked along the cut operand's free dim,
     so one product reads the large operand (a weight) once, as float64 (`af`, `bf`: the
-    operands as float64 where known): reading it, not the products, is what a limb costs."""
-    k = a.shape[-1]
+    operands as float64 where known; then `a`, `b` may be None): reading it, not the products, is
+    what a limb costs."""
+    a_shape, b_shape = _shape(a, af), _shape(b, bf)
+    k = a_shape[-1]
     if k > 1 << 16:  # keep the limbs wide: contract the halves apart
-        lo, hi = (_matmul_mod(a[..., h], b[..., h, :], m, _part(af, h, False), _part(bf, h, True))
+        lo, hi = (_matmul_mod(_part(a, h, False), _part(b, h, True), m, _part(af, h, False), _part(bf, h, True))
                   for h in (slice(None, k // 2), slice(k // 2, None)))
         return (lo + hi) % m
     width = EXACT_BITS - RESIDUE_BITS - max(k - 1, 1).bit_length()  # K 2^width 2^32 <= 2^53
-    cut_a = a.size <= b.size
-    small, whole, free = (a, _floats(b, bf), -2) if cut_a else (b, _floats(a, af), -1)
+    cut_a = math.prod(a_shape) <= math.prod(b_shape)
+    small, whole, free = (_ints(a, af), _floats(b, bf), -2) if cut_a else (_ints(b, bf), _floats(a, af), -1)
     shifts = range(0, RESIDUE_BITS, width)
     limbs = np.concatenate([(small >> s) & ((1 << width) - 1) for s in shifts], axis=free).astype(np.float64)
     product = (np.matmul(limbs, whole) if cut_a else np.matmul(whole, limbs)).astype(np.int64) % m
@@ -115,8 +140,24 @@ def _part(x: np.ndarray | None, half: slice, rows: bool) -> np.ndarray | None:
     return x[..., half, :] if rows else x[..., half]
 
 
-def _floats(x: np.ndarray, known: np.ndarray | None) -> np.ndarray:
-    return x.astype(np.float64) if known is None else known
+def _floats(x: np.ndarray | None, known: np.ndarray | None) -> np.ndarray:
+    if known is not None:
+        return known
+    assert x is not None
+    return x.astype(np.float64)
+
+
+def _ints(x: np.ndarray | None, floats: np.ndarray | None) -> np.ndarray:
+    if x is not None:
+        return x
+    assert floats is not None
+    return floats.astype(np.int64)
+
+
+def _shape(x: np.ndarray | None, floats: np.ndarray | None) -> tuple[int, ...]:
+    held = x if x is not None else floats
+    assert held is not None
+    return held.shape
 
 
 def _const_mod(value: float, m: int) -> int:
@@ -137,14 +178,14 @@ class FieldAlgebra(ArrayAlgebra[FF]):
 
     def _lift(self, fn: Any, *xs: FF) -> FF:
         p = fn(*(x.p for x in xs), P)
-        q = None if any(x.q is None for x in xs) else fn(*(x.q for x in xs), Q)
+        q = None if not all(x.shadowed for x in xs) else fn(*(x.q for x in xs), Q)
         return FF(p, q)
 
     @staticmethod
     def _view(fn: Callable[[np.ndarray], np.ndarray], a: FF) -> FF:
-        """The same layout change of the residues, the shadow and their float64 copies."""
-        each = [None if x is None else fn(x) for x in (a.q, a.pf, a.qf)]
-        return FF(fn(a.p), *each)
+        """The same layout change of the residues, the shadow and their float64 copies (those
+        held: an input's int64 residues are not made for a view of it)."""
+        return FF(*(None if x is None else fn(x) for x in (a._p, a._q, a.pf, a.qf)))
 
     def const(self, value: float) -> FF:
         return FF(np.array(_const_mod(value, P), dtype=np.int64), np.array(_const_mod(value, Q), dtype=np.int64))
@@ -186,8 +227,8 @@ class FieldAlgebra(ArrayAlgebra[FF]):
         return self.div(self.sum(a, dim, keepdim), self.const(float(n)))
 
     def matmul(self, a: FF, b: FF) -> FF:
-        q = None if a.q is None or b.q is None else _matmul_mod(a.q, b.q, Q, a.qf, b.qf)
-        return FF(_matmul_mod(a.p, b.p, P, a.pf, b.pf), q)
+        q = _matmul_mod(a._q, b._q, Q, a.qf, b.qf) if a.shadowed and b.shadowed else None
+        return FF(_matmul_mod(a._p, b._p, P, a.pf, b.pf), q)
 
     def transpose(self, a: FF, perm: Sequence[int]) -> FF:
         return self._view(lambda x: np.transpose(x, perm), a)
@@ -236,9 +277,9 @@ def random_field_inputs(
     shapes a shadow doubles an input's work)."""
     inputs = {}
     for n in program.inputs:
-        p = _residues(rng, P, n.shape)
-        q = _residues(rng, Q, n.shape) if shadow is None or n.id in shadow else None
-        inputs[n.id] = FF(p, q, p.astype(np.float64), None if q is None else q.astype(np.float64))
+        pf = _residues(rng, P, n.shape).astype(np.float64)
+        qf = _residues(rng, Q, n.shape).astype(np.float64) if shadow is None or n.id in shadow else None
+        inputs[n.id] = FF(None, None, pf, qf)
     return inputs
 
 
