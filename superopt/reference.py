@@ -48,7 +48,10 @@ class FloatAlgebra(ArrayAlgebra[np.ndarray]):
         return np.broadcast_to(a, tuple(shape))
 
     def cast(self, x: np.ndarray) -> np.ndarray:
-        return np.asarray(x, dtype=self.ftype)
+        """`x` in the compute type; in float64 mode a float32 array is kept as it is (no copy of
+        a weight at real shapes): it holds its values exactly, and every op computes in float64."""
+        x = np.asarray(x)
+        return x if self.precision is None and x.dtype == np.float32 else x.astype(self.ftype, copy=False)
 
     def const(self, value: float) -> np.ndarray:
         return np.asarray(value, dtype=self.ftype)
@@ -91,7 +94,7 @@ class FloatAlgebra(ArrayAlgebra[np.ndarray]):
 
     def matmul(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
         with np.errstate(all="ignore"):  # inf/NaN operands propagate; callers compare results
-            return np.matmul(a.astype(self.ftype), b.astype(self.ftype))
+            return np.matmul(a.astype(self.ftype, copy=False), b.astype(self.ftype, copy=False))
 
     def transpose(self, a: np.ndarray, perm: Sequence[int]) -> np.ndarray:
         return np.transpose(a, perm)
@@ -130,7 +133,8 @@ def random_inputs(program: Program, seed: int) -> dict[str, np.ndarray]:
     (itself, or transposed, reshaped or multiplied into it) is further scaled by 1/sqrt(contraction length),
     which keeps attention logits of order one (exp without a max subtraction stays inside f16
     even summed over thousands of keys). Values are rounded to the input's dtype so every layer
-    sees exactly representable numbers.
+    sees exactly representable numbers, and held as float32, which represents them all (half the
+    memory of float64 at real shapes).
     """
     rng = np.random.default_rng(seed)
     scale = {n.id: 1.0 for n in program.inputs}
@@ -152,7 +156,7 @@ def random_inputs(program: Program, seed: int) -> dict[str, np.ndarray]:
         x += 0.1  # in place: at real shapes each new array was a fresh page-faulted allocation
         x *= s
         x[x == 0] = s
-        out[n.id] = dtype(n.dtype or "f32").round(x).astype(np.float64, copy=False)
+        out[n.id] = dtype(n.dtype or "f32").round(x)  # float32: exact for every dtype's values
     return out
 
 

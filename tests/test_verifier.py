@@ -993,6 +993,23 @@ def test_check_inputs_keep_attention_logits_inside_f16(kind):
     assert verify(p, unfused_baseline(p)).proved
 
 
+@pytest.mark.parametrize("name", ["rmsnorm_mlp:ci", "gqa:ci", "qknorm_gqa:ci"])
+def test_check_inputs_are_float32_and_the_reference_is_float64_all_the_same(name):
+    """The float layer's inputs are held as float32 (half the memory at real shapes), which holds
+    every value of their dtypes; the float64 reference computes on them in float64, to the last
+    bit what it computes on float64 copies, and never copies them to do so."""
+    from superopt.reference import FloatAlgebra
+
+    program = workloads.resolve(name)
+    inputs = random_inputs(program, 3)
+    assert all(x.dtype == np.float32 and np.all(x != 0) for x in inputs.values())
+    wide = {k: x.astype(np.float64) for k, x in inputs.items()}
+    for got, want in zip(evaluate(program, inputs), evaluate(program, wide), strict=True):
+        assert got.dtype == np.float64 and np.array_equal(got, want)
+    some = next(iter(inputs.values()))
+    assert FloatAlgebra().cast(some) is some
+
+
 def test_the_kept_e_graph_is_made_anew_after_so_many_proofs(monkeypatch):
     """Proofs run on a kept e-graph, between a push and a pop; egglog leaves something behind at
     each (150 proofs grew a process by 15 MiB and every proof slower), so after `KEPT_PROOFS`
