@@ -30,6 +30,7 @@ from superopt.db.engine import Database
 from superopt.db.errors import CacheIntegrityWarning, NotFound, stored_id
 from superopt.db.keys import CacheKey, signature
 from superopt.db.models import Candidate, Job, JobState, Target, Winner, Workload, utcnow
+from superopt.digest import canonical_json
 from superopt.program import Program, ProgramError
 from superopt.result import Candidate as ResultCandidate
 from superopt.result import Result, SearchStats
@@ -217,7 +218,7 @@ def store_in(s: Session, job: Job, result: Result) -> dict[str, Any]:
     ids: dict[str, int] = {}
 
     def row(c: ResultCandidate, rank: int | None) -> int:
-        data = json.dumps(c.to_json(), sort_keys=True, separators=(",", ":"))
+        data = canonical_json(c.to_json())
         digest = _digest(data)
         if digest not in ids:
             cand = Candidate(

@@ -27,6 +27,7 @@ from typing import Any, Generic, NamedTuple, TypeVar
 import numpy as np
 
 from superopt import ops
+from superopt.config import MAX_ACCUMULATORS, MAX_OUTPUTS, PART_ACCUMULATORS
 from superopt.object_cache import BoundedDict
 from superopt.primitives import apply
 from superopt.program import Node, Program, Tensor
@@ -44,13 +45,6 @@ RankedStep = tuple[str, int, tuple[Any, ...], tuple[Any, ...]]  # a one-operand 
 Body = tuple[tuple[int, tuple[int, ...], int], int, tuple[Step, ...]]
 COMMUTATIVE = ("add", "mul")  # binary ops generated with their older operand first only
 UNIT = -1  # the class of a size-1 dim: broadcasts against anything, never split
-MAX_ACCUMULATORS = 3  # per block graph, as in Mirage's generator
-# A program part's block graph (`program_graphs`) is given, not grown: it may take one more, so a
-# norm and the three products that read it (rms_norm before Q, K and V) make one kernel.
-PART_ACCUMULATORS = MAX_ACCUMULATORS + 1
-# Values a block graph writes: flash decoding writes partial numerators and denominators; a
-# program returning more values may write them all from one kernel (`Generator.max_outputs`).
-MAX_OUTPUTS = 2
 SPLIT_WIDTH = 4  # a loop-body walk in parts deals out the first level this many times wider than parts
 POST_ENTRIES = 1 << 16  # accumulator signatures whose post-loop graphs are kept (`_posts`)
 BODY_CACHE_ENTRIES = 4  # block spaces whose accumulated loop bodies are kept (least recently used go)
@@ -174,7 +168,7 @@ class Generator:
         self._rank = {op: i for i, op in enumerate((*self.space.block_ops, "acc"))}
         self._memo: dict[tuple[Any, ...], tuple[AE, tuple[int, ...], int] | None] = {}
         self._post_memo: BoundedDict[tuple[Any, ...], tuple[int, list[tuple[Any, ...]]]] = BoundedDict(POST_ENTRIES)
-        self._bodies: dict[BlockState, Lazy[tuple[int, BlockState]]] = {}
+        self._bodies: BoundedDict[BlockState, Lazy[tuple[int, BlockState]]] = BoundedDict(BODY_CACHE_ENTRIES)
         # bodies handed over by `adopt_bodies`, by start state and part
         self._adopted: dict[tuple[BlockState, tuple[int, int]], Lazy[tuple[int, BlockState]]] = {}
         self._pair_memo: dict[tuple[Any, ...], tuple[OpRanks, OpRanks, int]] = {}
@@ -381,15 +375,14 @@ class Generator:
         bodies that accumulate the same values (equal signatures) complete into the same post-loop
         graphs; breadth-first order meets the one with fewer ops first, and only that one is kept
         (the other computes the same accumulators with more work). Memoized per start state, so a
-        process that runs several parts of one block space enumerates its bodies once."""
-        lazy = self._bodies.pop(start, None)
-        if lazy is None:
-            walk = (state for _, body in self._phase(start, 0, self.max_ops) for state in self._with_accumulators(body))
-            lazy = Lazy(self._first_per_signature(walk))
-        self._bodies[start] = lazy  # most recently used last
-        if len(self._bodies) > BODY_CACHE_ENTRIES:
-            self._bodies.pop(next(iter(self._bodies)))
-        return iter(lazy)
+        process that runs several parts of one block space enumerates its bodies once (those of the
+        `BODY_CACHE_ENTRIES` most recently used start states)."""
+
+        def walk() -> Lazy[tuple[int, BlockState]]:
+            bodies = (body for _, body in self._phase(start, 0, self.max_ops))
+            return Lazy(self._first_per_signature(state for body in bodies for state in self._with_accumulators(body)))
+
+        return iter(self._bodies.use(start, walk))
 
     def _first_per_signature(self, states: Iterator[BlockState]) -> Iterator[tuple[int, BlockState]]:
         seen: set[tuple[Any, ...]] = set()

@@ -31,12 +31,21 @@ from itertools import combinations
 from typing import Any
 
 from superopt import costmodel, ops
-from superopt.config import SearchConfig
+from superopt.config import (
+    GRID_TILES,
+    LOOP_RANGES,
+    MAX_ACCUMULATORS,
+    MAX_OUTPUTS,
+    MIDDLES,
+    SPLIT_ENDS,
+    SPLIT_KEEP,
+    SearchConfig,
+)
 from superopt.dimclasses import input_classes
-from superopt.object_cache import ObjectCache
+from superopt.object_cache import BoundedDict, ObjectCache
 from superopt.primitives import apply
 from superopt.program import Node, Program, Tensor
-from superopt.search.block import MAX_ACCUMULATORS, MAX_OUTPUTS, BlockState, Body, Generator, InputSpec, Lazy
+from superopt.search.block import BlockState, Body, Generator, InputSpec, Lazy
 from superopt.search.floors import Floors, same_classes
 from superopt.search.space import Space
 from superopt.search.states import FirstKernel, KState, KTensor
@@ -50,11 +59,8 @@ from superopt.verifier.oracle import AE, Oracle
 # ("library", move key) | ("graph" | "program", input tensor indices); the driver's own shards:
 # ("split" | "settle" | "baseline", None)
 FirstChoice = tuple[str, Any]
-MIDDLES = ("library", "graph")  # kinds of second kernel, in the order graphs of 3+ kernels are grown
 BLOCK_CACHE_ENTRIES = 256  # input combinations whose block graphs are kept (least recently used go)
 BLOCK_CACHE_STATES = 100_000  # block graphs kept in all (beyond those of the combination being generated)
-SPLIT_KEEP = 8  # partial schedules kept at each point of `program_split`'s cut (the cheapest)
-SPLIT_ENDS = 2  # the longest parts with valid sizes tried from each point of `program_split`
 
 
 class BudgetExhausted(Exception):
@@ -71,7 +77,9 @@ class KernelSearch(Floors):
     max_states: int | None = None
     states: int = 0
     pruned: int = 0
-    block_cache: dict[tuple[Any, ...], Lazy[BlockState]] = field(default_factory=dict)
+    # Block spaces by their inputs: the least recently used go past so many combinations or block graphs.
+    block_cache: BoundedDict[tuple[Any, ...], Lazy[BlockState]] = field(
+        init=False, default_factory=lambda: BoundedDict(BLOCK_CACHE_ENTRIES, len, BLOCK_CACHE_STATES))
     on_state: Callable[[KernelSearch], None] | None = None
     # Branch and bound: graphs that must take longer than `bound_s` on `target` are not built.
     # Kernels already chosen take at least the cost model's best time for them alone; every
@@ -667,14 +675,7 @@ class KernelSearch(Floors):
         replays what was generated and continues from there. Kept for the most recently used
         combinations of inputs, within `BLOCK_CACHE_ENTRIES` and `BLOCK_CACHE_STATES`."""
         key = (part, *((sp.shape, sp.ae, sp.classes, sp.tied_dim) for sp in specs))
-        lazy = self.block_cache.pop(key, None)
-        if lazy is None:
-            lazy = Lazy[BlockState](self._gen.complete_graphs(self._gen.start(specs), part))
-            # Room for it: the least recently used go, past so many combinations or block graphs.
-            kept = sum(map(len, self.block_cache.values()))
-            while self.block_cache and (len(self.block_cache) >= BLOCK_CACHE_ENTRIES or kept > BLOCK_CACHE_STATES):
-                kept -= len(self.block_cache.pop(next(iter(self.block_cache))))
-        self.block_cache[key] = lazy  # most recently used last
+        lazy = self.block_cache.use(key, lambda: Lazy(self._gen.complete_graphs(self._gen.start(specs), part)))
         for state in lazy:
             self._tick()
             yield state
@@ -749,9 +750,7 @@ def _signature(k: GraphKernel) -> str:
     return "|".join(parts)
 
 
-GRID_TILES = (8, 16, 32, 64, 128, 256)  # Mirage's 1-D grid candidates: dim / tile for these tiles
 ConcreteAxis = tuple[frozenset[int], int]  # program dim classes a grid axis splits (side by side when more), size
-LOOP_RANGES = (4, 16, 64)  # Mirage's loop ranges
 
 
 def concrete_tilings(specs: Sequence[InputSpec], max_axes: int = 3,

@@ -3,21 +3,22 @@
 A verified sGraph holds for every size that meets its constraints, so optimizing the same program
 at another shape only re-instantiates it (Prism's shape-generic checkpoints). Programs are keyed by
 their structure: the canonical form with every dim replaced by whether it is 1 (broadcasting
-depends on that), plus the search configuration. Files live under the cache directory; a stored
+depends on that), plus the search configuration with its space version (`SearchConfig.to_json`):
+what a smaller space stored is a miss for a larger one. Files live under the cache directory; a stored
 sGraph that no longer fits (a corrupt file, a changed IR) is skipped, never trusted: the caller
 re-verifies every reused sGraph at the new shape before using it.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 from pathlib import Path
 from typing import Any
 
 from superopt.canonical import canonical_form
 from superopt.config import SearchConfig
-from superopt.paths import cache_dir
+from superopt.digest import stable_digest
+from superopt.paths import cache_dir, write_atomically
 from superopt.program import Program
 from superopt.sgraph import SGraph, SGraphError, check_matches, input_decls, rebind
 
@@ -27,8 +28,7 @@ def structure_key(program: Program, config: SearchConfig) -> str:
     for node in form["nodes"]:
         shape_at = 1 if node[0] == "input" else 3
         node[shape_at] = [1 if d == 1 else "n" for d in node[shape_at]]
-    text = json.dumps({"program": form, "config": config.to_json()}, sort_keys=True, separators=(",", ":"))
-    return hashlib.sha256(text.encode()).hexdigest()
+    return stable_digest({"program": form, "config": config.to_json()})
 
 
 class SGraphStore:
@@ -42,9 +42,7 @@ class SGraphStore:
         path = self._path(program, config)
         path.parent.mkdir(parents=True, exist_ok=True)
         data = {"program": program.name, "search": stats, "sgraphs": [sg.to_json() for sg in sgraphs]}
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(data))
-        tmp.replace(path)
+        write_atomically(path, json.dumps(data))
 
     def load(self, program: Program, config: SearchConfig) -> tuple[list[SGraph], dict[str, Any]] | None:
         """The stored sGraphs rebound to this program's shapes (those that fit), or None."""
@@ -65,3 +63,4 @@ class SGraphStore:
                 continue
             out.append(sg)
         return out, dict(data.get("search", {}))
+

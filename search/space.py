@@ -13,14 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from superopt import ops
+from superopt.config import SPLITTABLE, UNSUPPORTED
 from superopt.program import Program
-
-# Composites with a reduction, and the primitives a fused schedule splits them into.
-SPLITTABLE = {
-    "rms_norm": ("square", "mean", "add", "sqrt", "div"),
-    "softmax": ("sub", "max", "exp", "sum", "div"),
-}
-UNSUPPORTED = ("transpose", "reshape")  # layout ops stay library kernels; blocks never contain them
 
 
 class UnsupportedProgram(ValueError):

@@ -3,17 +3,16 @@
 Nodes are numbered by a depth-first walk from the outputs (in output order, operands in operand
 order), so node names and the order in which independent nodes were inserted do not matter, while
 any difference in ops, attributes, shapes, dtypes or wiring does. Inputs are identified by where
-the computation first uses them, not by name. The hash is sha256 of the canonical JSON text, so
+the computation first uses them, not by name. The hash is `stable_digest` of the canonical form, so
 it is stable across processes and machines (never Python's `hash`).
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 from typing import Any
 
 from superopt import ops
+from superopt.digest import stable_digest
 from superopt.program import Program
 
 
@@ -57,12 +56,8 @@ def canonical_form(program: Program) -> dict[str, Any]:
     return {"v": 1, "nodes": nodes, "outputs": [index[o] for o in program.outputs]}
 
 
-def canonical_text(program: Program) -> str:
-    return json.dumps(canonical_form(program), separators=(",", ":"), sort_keys=True)
-
-
 def canonical_hash(program: Program) -> str:
-    return hashlib.sha256(canonical_text(program).encode()).hexdigest()
+    return stable_digest(canonical_form(program))
 
 
 def canonical_inputs(program: Program) -> list[str]:

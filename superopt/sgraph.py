@@ -14,17 +14,21 @@ Axes are named. The same name in two kernels means the same index space (it must
 size): a later kernel's loop may walk the dim an earlier kernel's grid axis wrote, which is how
 the flash-decoding merge kernel sums the chunks of the first one.
 
-`analyze` checks an sGraph and derives the shape of every tensor and tile; `constraints` lists what
-an instantiation must satisfy; `superopt.instantiate` assigns the symbols.
+`SGraph.from_json` checks the structure of its JSON (`superopt.sgraph_schema`: no unknown field,
+each of its type); `analyze` checks what the fields mean together and derives the shape of every
+tensor and tile; `constraints` lists what an instantiation must satisfy; `superopt.instantiate`
+assigns the symbols.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Any, Literal, TypeGuard
+
+from pydantic import ValidationError
 
 from superopt import ops
 from superopt.dtypes import dtype as get_dtype
@@ -32,6 +36,14 @@ from superopt.jsontext import JSONTextError, parse_json
 from superopt.object_cache import ObjectCache
 from superopt.ops import OpError, Shape
 from superopt.program import Program
+from superopt.sgraph_schema import (
+    AxisJSON,
+    BlockOpJSON,
+    GraphKernelJSON,
+    LibraryKernelJSON,
+    SGraphJSON,
+    structure_error,
+)
 from superopt.sizes import Size, SizeError, product, total
 
 SCHEMA = "superopt.sgraph/1"
@@ -664,99 +676,41 @@ def _from_json(data: Any) -> SGraph:
         raise SGraphError(f"malformed sGraph JSON: {type(e).__name__}: {e}") from None
 
 
-_REQUIRED = object()
-
-
-def _is_index(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
-# What each kind of field must hold: a test and the words for it.
-_TEXT = (lambda v: isinstance(v, str) and bool(v), "a non-empty string")
-_LIST = (lambda v: isinstance(v, list), "a list")
-_OBJECT = (lambda v: isinstance(v, dict), "an object")
-_TEXTS = (lambda v: isinstance(v, list) and all(isinstance(x, str) and x for x in v), "a list of tensor ids")
-_INDICES = (lambda v: isinstance(v, list) and all(_is_index(x) for x in v), "a list of integers")
-_MAP = (lambda v: isinstance(v, list) and all(x is None or _is_index(x) for x in v), "a list of integers or nulls")
-_INDEX = (lambda v: v is None or _is_index(v), "an integer or null")
-_SIZE = (lambda v: isinstance(v, str | int) and not isinstance(v, bool), "a size (an integer or a symbol expression)")
-
-
-def _req(obj: Any, key: str, where: str, kind: tuple[Callable[[Any], bool], str], default: Any = _REQUIRED) -> Any:
-    """Field `key` of the object at `where`, of this kind (`default` when it may be left out)."""
-    if not isinstance(obj, dict):
-        raise SGraphError(f"{where} must be an object")
-    if key not in obj:
-        if default is _REQUIRED:
-            raise SGraphError(f"{where}: missing field {key!r}")
-        return default
-    test, text = kind
-    if not test(obj[key]):
-        raise SGraphError(f"{where}: field {key!r} must be {text}, got {obj[key]!r}")
-    return obj[key]
-
-
-def _axis(a: Any, where: str) -> Axis:
-    return Axis(_req(a, "name", where, _TEXT), Size.of(_req(a, "size", where, _SIZE)))
-
-
 def _parse(data: Any) -> SGraph:
     if not isinstance(data, dict):
         raise SGraphError("sGraph JSON must be an object")
     if data.get("schema") != SCHEMA:
         raise SGraphError(f"unknown sGraph schema {data.get('schema')!r} (this version reads {SCHEMA!r})")
-    extra = sorted(set(data) - {"schema", "name", "inputs", "kernels", "outputs"})
-    if extra:
-        raise SGraphError(f"unexpected top-level field {extra[0]!r}")
-    inputs = tuple(
-        TensorDecl(_req(t, "id", f"inputs[{n}]", _TEXT), tuple(_req(t, "shape", f"inputs[{n}]", _INDICES)),
-                   _req(t, "dtype", f"inputs[{n}]", _TEXT))
-        for n, t in enumerate(_req(data, "inputs", "sGraph", _LIST))
-    )
-    kernels: list[Kernel] = []
-    for i, k in enumerate(_req(data, "kernels", "sGraph", _LIST)):
-        where = f"kernels[{i}]"
-        kind = _req(k, "kind", where, _TEXT)
-        kid = _req(k, "id", where, _TEXT)
-        if kind == "library":
-            kernels.append(LibraryKernel(
-                kid, _req(k, "op", where, _TEXT), tuple(_req(k, "inputs", where, _TEXTS)),
-                dict(_req(k, "attrs", where, _OBJECT, {})), _req(k, "output", where, _TEXT),
-            ))
-        elif kind == "graph":
-            block = BlockGraph(
-                grid=tuple(_axis(a, f"{where}.grid[{n}]") for n, a in enumerate(_req(k, "grid", where, _LIST))),
-                loop=_axis(_req(k, "loop", where, _OBJECT), f"{where}.loop"),
-                inputs=tuple(
-                    BlockInput(_req(x, "id", w, _TEXT), _req(x, "tensor", w, _TEXT), tuple(_req(x, "imap", w, _MAP)),
-                               _req(x, "fmap", w, _INDEX, None))
-                    for n, x in enumerate(_req(k, "inputs", where, _LIST)) if (w := f"{where}.inputs[{n}]")
-                ),
-                body=tuple(_parse_op(o, f"{where}.body[{n}]") for n, o in enumerate(_req(k, "body", where, _LIST, []))),
-                accumulators=tuple(
-                    Accumulator(_req(a, "id", w, _TEXT), _req(a, "source", w, _TEXT), _req(a, "kind", w, _TEXT),
-                                _req(a, "dim", w, _INDEX, None))
-                    for n, a in enumerate(_req(k, "accumulators", where, _LIST)) if (w := f"{where}.accumulators[{n}]")
-                ),
-                post=tuple(_parse_op(o, f"{where}.post[{n}]") for n, o in enumerate(_req(k, "post", where, _LIST, []))),
-                outputs=tuple(
-                    BlockOutput(_req(o, "source", w, _TEXT), _req(o, "tensor", w, _TEXT),
-                                tuple(_req(o, "omap", w, _INDICES)))
-                    for n, o in enumerate(_req(k, "outputs", where, _LIST)) if (w := f"{where}.outputs[{n}]")
-                ),
-            )
-            kernels.append(GraphKernel(kid, block))
-        else:
-            raise SGraphError(f"{where}: unknown kernel kind {kind!r} (expected 'library' or 'graph')")
-    outputs = tuple(_req(data, "outputs", "sGraph", _TEXTS))
-    sg = SGraph(inputs, tuple(kernels), outputs, _req(data, "name", "sGraph", _TEXT, "sgraph"))
+    try:
+        doc = SGraphJSON.model_validate(data)
+    except ValidationError as e:
+        raise SGraphError(structure_error(e)) from None
+    sg = SGraph(tuple(TensorDecl(t.id, tuple(t.shape), t.dtype) for t in doc.inputs),
+                tuple(_kernel(k) for k in doc.kernels), tuple(doc.outputs), doc.name)
     analyze(sg)
     return sg
 
 
-def _parse_op(o: Any, where: str) -> BlockOp:
-    return BlockOp(_req(o, "id", where, _TEXT), _req(o, "op", where, _TEXT), tuple(_req(o, "inputs", where, _TEXTS)),
-                   dict(_req(o, "attrs", where, _OBJECT, {})))
+def _kernel(k: LibraryKernelJSON | GraphKernelJSON) -> Kernel:
+    if isinstance(k, LibraryKernelJSON):
+        return LibraryKernel(k.id, k.op, tuple(k.inputs), dict(k.attrs), k.output)
+    return GraphKernel(k.id, BlockGraph(
+        grid=tuple(_axis(a) for a in k.grid),
+        loop=_axis(k.loop),
+        inputs=tuple(BlockInput(i.id, i.tensor, tuple(i.imap), i.fmap) for i in k.inputs),
+        body=tuple(_op(o) for o in k.body),
+        accumulators=tuple(Accumulator(a.id, a.source, a.kind, a.dim) for a in k.accumulators),
+        post=tuple(_op(o) for o in k.post),
+        outputs=tuple(BlockOutput(o.source, o.tensor, tuple(o.omap)) for o in k.outputs),
+    ))
+
+
+def _axis(a: AxisJSON) -> Axis:
+    return Axis(a.name, Size.of(a.size))
+
+
+def _op(o: BlockOpJSON) -> BlockOp:
+    return BlockOp(o.id, o.op, tuple(o.inputs), dict(o.attrs))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -45,6 +45,20 @@ def test_show_sgraph_file(tmp_path):
     assert "kernel k0  library matmul(X, A) -> D" in res.stdout and "params: F=2, gx=4" in res.stdout
 
 
+def test_an_sgraph_file_with_an_unknown_field_is_one_clear_error(tmp_path):
+    """Exit 2 and one line naming the file and the field's place, for every command that reads one."""
+    for edit, message in ((lambda d: d["kernels"][0].update(bogus_field=1), "kernels[0]: unexpected field 'bogus_field'"),
+                          (lambda d: d["inputs"][0].update(typo_dtpye="f16"), "inputs[0]: unexpected field 'typo_dtpye'")):
+        data = workloads.reference_for("lora:ci")[1].to_json()
+        edit(data)
+        f = tmp_path / "sg.json"
+        f.write_text(json.dumps(data))
+        for command in (["show", str(f)], ["verify", "lora:ci", str(f)]):
+            res = invoke(*command)
+            assert res.exit_code == 2 and f"error: {f}: {message}" in res.stderr, (command, res.output)
+            assert "Traceback" not in res.output
+
+
 def test_check_prints_canonical_hash(tmp_path):
     p = workloads.resolve("ntrans:ci")
     f = tmp_path / "p.json"
