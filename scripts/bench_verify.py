@@ -40,7 +40,7 @@ def percentile(xs: list[float], q: float) -> float:
 def bench(name: str, with_mutants: bool) -> dict[str, object]:
     h100 = TARGETS["h100"]
     program, ref = workloads.reference_for(name)
-    rhs, axes = lower_sgraph(ref)
+    rhs, axes = lower_sgraph(ref, program)
     proof = prove(list(zip(lower_program(program), rhs, strict=True)), axes)
     small = shrink(program)
     small_ref = shrink_sgraph(ref, program, small)
@@ -95,7 +95,7 @@ def mutation_counts(program, variants) -> dict[str, int]:
         if not checks or all(max_rel_err(run_float(instantiate(m, v, h100), inputs)[0], want) <= 0.05 for v in checks):
             continue
         wrong += 1
-        rhs, axes = lower_sgraph(m)
+        rhs, axes = lower_sgraph(m, program)
         proved += prove(list(zip(lhs, rhs, strict=True)), axes).proved
         ff = [finite_field.check(program, instantiate(m, v, h100), trials=1, seed=3).passed for v in checks]
         ff_rejected += not all(ff)

@@ -233,7 +233,8 @@ CHECK_COST_RATIO = 16  # checked assignments cost at most this many times the ch
 
 def pick_for_checks(sg: SGraph, target: Target, k: int = 3, pool: int = 4000) -> list[dict[str, int]]:
     """k valid assignments for numeric checks: every symbol above 1 where possible (a split by 1
-    hides a wrong map), cheap to interpret, and as different from each other as possible."""
+    hides a wrong map), cheap to interpret, and as different from each other as possible. The
+    first keeps every symbol away from 1 and 2 where the sizes allow (`_away_from_small`)."""
     full = candidates(sg)
     small = {s: sorted({1, *[v for v in vs if v > 1][:3]}) for s, vs in full.items()}
     cands = list(enumerate_assignments(sg, target, small, limit=pool))
@@ -244,12 +245,13 @@ def pick_for_checks(sg: SGraph, target: Target, k: int = 3, pool: int = 4000) ->
     syms = sorted(sg.symbols)
     cost = {id(v): interpretation_cost(sg, v) for v in cands}
     ranked = sorted(cands, key=lambda v: (sum(v[s] == 1 for s in syms), cost[id(v)]))
-    chosen = [ranked[0]]
+    away = _away_from_small(sg, target, full, pool)
+    chosen = [away or ranked[0]]
     # Diversity within a cost cap: the most different values are often the largest, and the
     # interpreter's time grows with block-iterations (a check of 512 took 0.4 s, of 16 0.02 s).
     cap = CHECK_COST_RATIO * max(cost[id(ranked[0])], 1)
     budget = [v for v in ranked[: max(k * 20, 50)] if cost[id(v)] <= cap]
-    while len(chosen) < min(k, len(cands)):
+    while len(chosen) < k:
         best = max(
             (v for v in budget if v not in chosen),
             key=lambda v: (min(sum(v[s] != c[s] for s in syms) for c in chosen), -sum(v[s] == 1 for s in syms)),
@@ -259,3 +261,12 @@ def pick_for_checks(sg: SGraph, target: Target, k: int = 3, pool: int = 4000) ->
             break
         chosen.append(best)
     return chosen
+
+
+def _away_from_small(sg: SGraph, target: Target, full: Mapping[str, list[int]], pool: int) -> dict[str, int] | None:
+    """The cheapest valid assignment with every symbol above 2 that can be (a schedule that
+    doubles a loop's partial result is right only at F = 2, one that ignores a split only at 1),
+    from each symbol's three smallest such values; None when the sizes leave no such assignment."""
+    above = {s: [v for v in vs if v > 2][:3] or vs for s, vs in full.items()}
+    found = list(enumerate_assignments(sg, target, above, limit=pool))
+    return min(found, key=lambda v: interpretation_cost(sg, v), default=None)

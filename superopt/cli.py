@@ -188,6 +188,8 @@ def verify(
         out.print(f"{sg.name}: {'PROVED' if verdict.proved else 'NOT PROVED'} "
                   f"(e-graph {verdict.egraph}, finite-field error bound {verdict.finite_field_error_bound:.1e}, "
                   f"float max rel err {verdict.float_max_rel_err:.2e})", markup=False)
+        if verdict.max_treatment:
+            out.print(verdict.max_treatment, markup=False)
     if not verdict.proved:
         raise typer.Exit(1)
 

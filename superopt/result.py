@@ -31,6 +31,18 @@ class Verdict:
     float_tolerance: float = 0.0
     float_instantiations: int = 0
     layers: list[dict[str, Any]] = field(default_factory=list)  # in the order they ran
+    max_treatment: str = ""  # how the numeric layers evaluated max, when the program or the sGraph takes one
+
+    @property
+    def shapes_checked(self) -> list[dict[str, list[int]]]:
+        """The input shapes the numeric layers ran at, each once, in the order first checked: a
+        reader sees whether the real shapes were among them, and how far the others shrank."""
+        seen: list[dict[str, list[int]]] = []
+        for layer in self.layers:
+            shapes = layer["detail"].get("shapes") if isinstance(layer["detail"], dict) else None
+            if shapes is not None and shapes not in seen:
+                seen.append(shapes)
+        return seen
 
     @property
     def proved(self) -> bool:
@@ -54,6 +66,8 @@ class Verdict:
             "float_tolerance": self.float_tolerance,
             "float_instantiations": self.float_instantiations,
             "layers": self.layers,
+            "max_treatment": self.max_treatment,
+            "shapes_checked": self.shapes_checked,
             "proved": self.proved,
         }
 
@@ -71,6 +85,7 @@ class Verdict:
             float_tolerance=float(d.get("float_tolerance", 0.0)),
             float_instantiations=int(d.get("float_instantiations", 0)),
             layers=list(d.get("layers", [])),
+            max_treatment=d.get("max_treatment", ""),
         )
 
 

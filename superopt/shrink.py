@@ -2,12 +2,16 @@
 
 The symbolic proof covers every size; the finite-field and float layers run the interpreter,
 whose cost grows with the shapes. Each dim class (superopt.dimclasses: dims equal by
-construction) of size n becomes the largest divisor of n that is at most `cap`, so every split of
-n that fits in the small size stays possible; it keeps n when that divisor is 1 (a prime n).
+construction) of size n becomes a divisor of n, so every split of the small size is one of n:
+the largest that is at most `cap` where the classes stay apart. Two classes of different sizes
+never shrink to one size (X (4, 64) and Y (4, 32) both at width 32 would check exactly the case
+where a schedule that takes one width for the other is right), and classes of one size get
+different sizes where their divisors allow (`_assign`). A prime n keeps its size. A dim that
+a concrete schedule splits by constant sizes stays their multiple (`constant_splits`).
 A reshape that splits a dim into several (heads out of a projection's columns) or merges several
 into one (heads merged back) ties the one dim's size to the product of the others: those others
 shrink (to at most `PART_CAP` each) and the one is their product, so an attention block over
-(512, 2048) in 16 heads is checked at (32, 256) in 16 heads of 16. A program whose reshapes
+(512, 2048) in 16 heads of 128 is checked at (64, 32) in 8 heads of 16. A program whose reshapes
 regroup dims otherwise ((6, 4) into (4, 6)) or tie one dim to two different products is not
 shrunk, nor is its sGraph; neither is an sGraph whose reshapes the program's do not tell.
 """
@@ -15,6 +19,8 @@ shrunk, nor is its sGraph; neither is an sGraph whose reshapes the program's do 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
+from dataclasses import dataclass
 
 from superopt.assignments import divisors
 from superopt.dimclasses import NO_CLASS, dim_classes
@@ -25,9 +31,10 @@ MAX_CHECKED_ELEMENTS = 2**26  # per tensor of a program evaluated by a check (fl
 PART_CAP = 16  # a dim that a reshape multiplies with others shrinks to at most this
 
 
-def shrink(program: Program, cap: int = 32) -> Program:
-    """The same program over small shapes (or the program itself when nothing can shrink)."""
-    dims = _small_dims(program, cap)
+def shrink(program: Program, cap: int = 32, multiples: Mapping[tuple[str, int], int] | None = None) -> Program:
+    """The same program over small shapes (or the program itself when nothing can shrink).
+    `multiples`: (input, dim) -> what its small size must be a multiple of (`constant_splits`)."""
+    dims = _small_dims(program, cap, multiples or {})
     if dims is None:
         return _checkable(program)
     shapes = {n.id: tuple(dims[(n.id, d)] for d in range(len(n.shape))) for n in program.topological()}
@@ -73,9 +80,27 @@ def shrink_sgraph(sg: SGraph, program: Program, small: Program) -> SGraph | None
     return shrunk
 
 
-def _small_dims(program: Program, cap: int) -> dict[tuple[str, int], int] | None:
+def constant_splits(sg: SGraph) -> dict[tuple[str, int], int]:
+    """(input, dim) -> the constant grid sizes and loop range a kernel splits that dim of one of
+    the sGraph's inputs by (a concrete schedule's): its small size must stay their multiple."""
+    inputs = {t.id for t in sg.inputs}
+    out: dict[tuple[str, int], int] = {}
+    for k in sg.graph_kernels:
+        b = k.block
+        for i in (i for i in b.inputs if i.tensor in inputs):
+            factors = [(a.size, m) for a, m in zip(b.grid, i.imap, strict=True)] + [(b.loop.size, i.fmap)]
+            for size, d in factors:
+                if d is not None and size.is_const():
+                    key = (i.tensor, d)
+                    out[key] = math.lcm(out.get(key, 1), size.int_value())
+    return out
+
+
+def _small_dims(program: Program, cap: int, multiples: Mapping[tuple[str, int], int],
+                ) -> dict[tuple[str, int], int] | None:
     """(node id, dim) -> its small size; None when the program's reshapes tie sizes in a way this
-    cannot keep (`_reshape_ties`, or one dim made two ways that shrink to different products)."""
+    cannot keep (`_reshape_ties`, or one dim made two ways that shrink to different products, or
+    classes of different sizes that no choice here keeps apart)."""
     classes = dim_classes(program)
     ties = _reshape_ties(program, classes)
     if ties is None:
@@ -85,31 +110,108 @@ def _small_dims(program: Program, cap: int) -> dict[tuple[str, int], int] | None
     made: dict[int, set[tuple[int, ...]]] = {}
     for whole, parts in products:
         made.setdefault(_root(same, whole), set()).add(tuple(sorted(_root(same, p) for p in parts)))
-    in_parts = {p for ways in made.values() for parts in ways for p in parts}
-    sizes: dict[int, int | None] = {}
+    in_parts = {p for ways in made.values() for way in ways for p in way} - made.keys()
+    limits = {r: PART_CAP if r in in_parts else cap for r in full.keys() - made.keys()}
+    need = _needs(multiples, {key: _root(same, c) for key, c in classes.items() if c != NO_CLASS}, full)
+    for strict, ascending in _PASSES:
+        sizes = _assign(_Classes(full, made, limits, in_parts, need), strict, ascending)
+        if sizes is not None:
+            return {key: 1 if c == NO_CLASS else sizes[_root(same, c)] for key, c in classes.items()}
+    return None
+
+
+def _needs(multiples: Mapping[tuple[str, int], int], roots: dict[tuple[str, int], int],
+           full: dict[int, int]) -> dict[int, int]:
+    """Per class, what its small size must be a multiple of: the lcm of its dims' `multiples`,
+    where that divides the real size (a split that does not is the sGraph's error, found later)."""
+    need: dict[int, int] = {}
+    for key, m in multiples.items():
+        if key in roots:
+            need[roots[key]] = math.lcm(need.get(roots[key], 1), m)
+    return {r: m for r, m in need.items() if full[r] % m == 0}
+
+
+# (every class distinct, classes in ascending order of size): the first pass that finds sizes wins;
+# the last always does when no reshape makes a class of others.
+_PASSES = ((True, False), (False, False), (False, True))
+
+
+@dataclass(frozen=True)
+class _Classes:
+    """The classes to size (by their union-find roots): real sizes, the ways reshapes make some of
+    them of others (parts), the cap of each other one, which of those are reshape parts, and
+    what some must be a multiple of (the constant splits of a concrete schedule)."""
+
+    full: dict[int, int]
+    made: dict[int, set[tuple[int, ...]]]
+    limits: dict[int, int]
+    parts: set[int]
+    need: dict[int, int]
+
+
+def _assign(c: _Classes, strict: bool, ascending: bool) -> dict[int, int] | None:
+    """Per class, a small size that divides its real one, apart from every other class's (`strict`)
+    or from those of a different real size: a size-dependent error (a sum of a constant over one
+    dim taken for another's) vanishes where two sizes are equal. Reshape parts first, so the
+    classes they make are known before the others choose; larger classes choose first, unless
+    `ascending`. None when some class finds no size."""
+    sizes: dict[int, int] = {}
+
+    def place(roots: set[int]) -> bool:
+        for r in sorted(roots, key=lambda r: (c.full[r], r), reverse=not ascending):
+            fits = (s for s in _candidates(c.full[r], c.limits[r], strict)
+                    if s % c.need.get(r, 1) == 0 and not _clashes(r, s, sizes, c.full, strict))
+            s = next(fits, None)
+            if s is None:
+                return False
+            sizes[r] = s
+        return True
+
+    if not place(c.parts):
+        return None
+    wholes = _products(c.made, sizes)
+    if wholes is None or any(_clashes(r, s, sizes, c.full, strict) for r, s in wholes.items()):
+        return None
+    sizes.update(wholes)
+    return sizes if place(c.limits.keys() - sizes.keys()) else None
+
+
+def _clashes(r: int, s: int, sizes: dict[int, int], full: dict[int, int], strict: bool) -> bool:
+    return any(t == s and q != r and (strict or full[q] != full[r]) for q, t in sizes.items())
+
+
+def _candidates(n: int, limit: int, strict: bool) -> list[int]:
+    """Small sizes for a class of real size n, most preferred first: divisors of n (every split
+    of the small size is one of n), the largest up to `limit` and the ones down to half of it
+    (never below 8 when it is larger: splits by 4 of both a grid axis and the loop stay
+    possible); then, unless `strict`, larger divisors, then smaller ones."""
+    divs = [d for d in divisors(n) if d > 1]
+    best = max((d for d in divs if d <= limit), default=n)
+    floor = max(best // 2, min(best, 8))
+    near = [d for d in reversed(divs) if floor <= d <= best]
+    if strict:
+        return near
+    return near + [d for d in divs if d > best] + [d for d in reversed(divs) if d < floor]
+
+
+def _products(made: dict[int, set[tuple[int, ...]]], sizes: dict[int, int]) -> dict[int, int] | None:
+    """The size of each class a reshape makes of others: the product of its parts' sizes, the same
+    every way it is made; None for a class made of itself or made two ways that disagree."""
+    known: dict[int, int | None] = dict(sizes)
 
     def size(r: int, seen: frozenset[int]) -> int | None:
-        if r not in sizes:
+        if r not in known:
             if r in seen:
-                return None  # a dim made of itself
-            if r in made:
-                products: set[int | None] = set()
-                for parts in made[r]:
-                    known = [s for p in parts if (s := size(p, seen | {r})) is not None]
-                    products.add(math.prod(known) if len(known) == len(parts) else None)
-                sizes[r] = products.pop() if len(products) == 1 else None
-            else:
-                small = max(x for x in divisors(full[r]) if x <= (PART_CAP if r in in_parts else cap))
-                sizes[r] = small if small > 1 else full[r]
-        return sizes[r]
+                return None
+            ways: set[int | None] = set()
+            for parts in made[r]:
+                each = [s for p in parts if (s := size(p, seen | {r})) is not None]
+                ways.add(math.prod(each) if len(each) == len(parts) else None)
+            known[r] = ways.pop() if len(ways) == 1 else None
+        return known[r]
 
-    out: dict[tuple[str, int], int] = {}
-    for key, c in classes.items():
-        s = 1 if c == NO_CLASS else size(_root(same, c), frozenset())
-        if s is None:
-            return None
-        out[key] = s
-    return out
+    out = {r: size(r, frozenset()) for r in made}
+    return None if None in out.values() else {r: s for r, s in out.items() if s is not None}
 
 
 def _reshape_ties(program: Program, classes: dict[tuple[str, int], int],

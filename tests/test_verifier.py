@@ -7,6 +7,7 @@ import json
 import numpy as np
 import pytest
 from kernel_shapes import candidate, grouped_projections, norm_then_softmax, projections, softmax_of_transposed
+from proof_corpus import CORRECT, egraph_proof
 from typer.testing import CliRunner
 
 from superopt import Program, workloads
@@ -28,7 +29,8 @@ from superopt.verifier.egraph import prove
 from superopt.verifier.lowering import lower_program, lower_sgraph
 from superopt.verifier.oracle import C, Oracle, abstract_program, abstract_sgraph, constants_of, mk
 from superopt.verifier.rules import RULES, permutation_rules
-from superopt.verifier.term_eval import Bindings, agree
+from superopt.verifier.term_eval import Bindings, EvalError, agree
+from superopt.verifier.term_eval import evaluate as evaluate_term
 from superopt.verifier.verify import verify, verify_at
 
 NAMES = list(workloads.WORKLOADS)
@@ -54,10 +56,34 @@ def test_rule_checker_refutes_unsound_rules():
                      Bindings(tensors={"E": lambda idx: family(idx).repeat(3, axis=1)}, dims={"d": -1},
                               axes={"a": "x"}, sizes={"x": 3}), ["x"])
     # A sum over tiles of tile means is not the mean.
-    b2 = Bindings(tensors={"E": rng.standard_normal((2, 6))}, dims={"d": -1}, axes={"a": "x"}, sizes={"x": 3})
-    wrong = (t.sum_over(t.reduce("mean", t.part(e, t.DimVar("d"), a), t.DimVar("d")), a), t.reduce("mean", e, t.DimVar("d")))
+    b2 = Bindings(tensors={"E": rng.standard_normal((2, 6))}, dims={"d": -1}, axes={"a": "x"}, sizes={"x": 3},
+                  extents={"n": 6})
+    n, dim = t.ExtVar("n"), t.DimVar("d")
+    wrong = (t.sum_over(t.reduce("mean", t.part(e, dim, a), dim, t.per(n, a)), a), t.reduce("mean", e, dim, n))
     assert not agree(*wrong, b2, [])
     assert b.sizes["x"] == 3
+
+
+def test_rule_checker_sees_extents():
+    """A sum of a term constant along its dim is the term times the extent: the checker evaluates
+    it so, and refutes a rule that sums a broadcast over another dim's extent, which is true only
+    where the two extents are equal (the rules once let `sum(X + 1) + sum(Y + 1)` equal
+    `sum(X) + sum(Y + 2)` for X and Y of different widths)."""
+    rng = np.random.default_rng(3)
+    a_var, s_var, dim = t.Var("A"), t.Var("S"), t.DimVar("d")
+    n, m = t.ExtVar("n"), t.ExtVar("m")
+    moved = (t.reduce("sum", t.binary("add", a_var, t.bcast(s_var, dim)), dim, n),
+             t.binary("add", t.reduce("sum", a_var, dim, n), t.reduce("sum", t.bcast(s_var, dim), dim, m)))
+    for widths in ((64, 32), (5, 7), (12, 3)):
+        b = Bindings(tensors={"A": rng.standard_normal((4, widths[0])), "S": rng.standard_normal((4, 1)) + 2.0},
+                     dims={"d": -1}, extents={"n": widths[0], "m": widths[1]})
+        assert not agree(*moved, b, [])
+        assert agree(moved[0], moved[1], Bindings(tensors=b.tensors, dims=b.dims,
+                                                  extents={"n": widths[0], "m": widths[0]}), [])
+    # a sum over a dim whose extent is not the operand's size is ill-formed, not silently summed
+    with pytest.raises(EvalError):
+        evaluate_term(t.reduce("sum", a_var, dim, n), Bindings(tensors={"A": np.ones((2, 3))}, dims={"d": -1},
+                                                          extents={"n": 4}))
 
 
 def test_tile_map_lemmas_are_proved_by_z3():
@@ -235,7 +261,7 @@ def test_one_proof_covers_every_instantiation(h100):
     w = workloads.get("gqa")
     program = w.program("ci")
     ref = w.reference(program)
-    rhs, axes = lower_sgraph(ref)
+    rhs, axes = lower_sgraph(ref, program)
     assert prove(list(zip(lower_program(program), rhs, strict=False)), axes).proved
     for sizes in ({"b": 2, "m": 8, "n": 64, "dh": 16}, {"b": 3, "m": 6, "n": 36, "dh": 8}):
         p = w.build(**sizes)
@@ -533,6 +559,24 @@ def _split_k_sgraph(p: Program, kind: str) -> SGraph:
     return b.build(["O"])
 
 
+def _biased_mean_program() -> Program:
+    p = Program("biased_mean")
+    x, b = p.input("X", (4, 24), "f32"), p.input("B", (4, 1), "f32")
+    p.output(p.op("mean", (x + 1.0) + b, name="O", dim=-1, keepdim=True))
+    return p
+
+
+def _biased_mean_sgraph(p: Program) -> SGraph:
+    """mean(X + 1 + B) as mean(X) + 1 + B: a constant and a row bias are their own means over the
+    columns, whatever their number."""
+    b = SGraphBuilder.for_program(p)
+    k = b.graph(grid=[("x", "gx")], loop=("f", "F"))
+    row_mean = k.acc(k.op("mean", k.input("X", [0], 1), dim=1, keepdim=True), "mean")
+    bias = k.acc(k.input("B", [0], None), "mean")
+    k.output(k.after("add", k.after("add", row_mean, k.after("const", value=1.0)), bias), "O", [0])
+    return b.build(["O"])
+
+
 def _transposed_program() -> Program:
     """Every elementwise op of transposed operands (both, or one and a constant on either side)."""
     p = Program("transposed")
@@ -586,6 +630,8 @@ TARGETED = {
     "elementwise ops of transposed operands, the kernel's output transposed": (_transposed_program,
                                                                               _transposed_sgraph),
     "sums and differences regrouped": (_regrouped_sums_program, _regrouped_sums_sgraph),
+    "a row mean of values plus a constant and a row bias, the mean taken first": (_biased_mean_program,
+                                                                                   _biased_mean_sgraph),
     "row sums of negated values, negated after or before the loop": (
         lambda: _negated_rows_program("sum"), lambda p: _negated_rows_sgraph(p, "sum")),
     "row means of negated values, negated after or before the loop": (
@@ -610,20 +656,24 @@ def test_a_transposed_value_is_not_proved_equal_to_the_value():
     k = b.graph(grid=[("x", "gx")])
     k.output(k.acc(k.op("exp", k.input("X", [0], None))), "E", [0])
     b.library("transpose", "E", out="O", perm=[1, 0])
-    rhs, axes = lower_sgraph(b.build(["O"]))
+    rhs, axes = lower_sgraph(b.build(["O"]), p)
     assert not prove(list(zip(lower_program(p), rhs, strict=True)), axes).proved
 
 
 def test_every_rule_is_exercised_by_a_proof():
+    """Each rule is needed by some proof: of a workload's reference, a targeted schedule, or a
+    schedule of the proof corpus that the e-graph proves."""
     fired: set[str] = set()
     cases = [workloads.reference_for(n) for n in NAMES]
-    cases += [(mp(), None) for mp, _ in TARGETED.values()]
-    for (program, ref), (_, ms) in zip(cases, [(None, None)] * len(NAMES) + list(TARGETED.values()), strict=True):
-        sg = ref if ref is not None else ms(program)
-        rhs, axes = lower_sgraph(sg)
+    cases += [(p, make(p)) for p, make in ((mp(), ms) for mp, ms in TARGETED.values())]
+    for program, sg in cases:
+        rhs, axes = lower_sgraph(sg, program)
         res = prove(list(zip(lower_program(program), rhs, strict=False)), axes)
         assert res.proved, program.name
         fired |= {name for name, n in res.rule_matches.items() if n}
+    for case in CORRECT.values():
+        res = egraph_proof(*case.build())
+        fired |= {name for name, n in res.rule_matches.items() if n and res.proved}
     assert {r.name for r in RULES} - fired == set()
 
 
@@ -646,7 +696,7 @@ def test_mutants_are_never_proved(name, h100):
         if all(max_rel_err(run_float(instantiate(m, v, h100), inputs)[0], want) <= 0.05 for v in checks):
             continue  # not shown wrong (e.g. equivalent with a loop of size 1)
         wrong += 1
-        rhs, axes = lower_sgraph(m)
+        rhs, axes = lower_sgraph(m, program)
         assert not prove(list(zip(lhs, rhs, strict=False)), axes).proved, what
         ff = [finite_field.check(program, instantiate(m, v, h100), trials=1, seed=3) for v in checks]
         ff_rejected += not all(c.passed for c in ff)
@@ -677,7 +727,7 @@ def test_searched_kernels_are_proved_and_their_mutants_never(h100, make, kinds):
                              for got, exp in zip(run_float(instantiate(m, v, h100), inputs), want, strict=True)):
             continue
         wrong += 1
-        rhs, axes = lower_sgraph(m)
+        rhs, axes = lower_sgraph(m, p)
         assert not prove(list(zip(lhs, rhs, strict=True)), axes).proved, what
         ff_rejected += not all(finite_field.check(p, instantiate(m, v, h100), trials=1, seed=3).passed for v in checks)
     assert wrong >= 10 and ff_rejected == wrong, (wrong, ff_rejected)
@@ -700,10 +750,12 @@ def test_a_rule_with_the_dim_a_permutation_does_not_send_is_refuted():
     """The checker tells the right dim from another: over A^T's rows is over A's columns."""
     x = np.random.default_rng(0).standard_normal((3, 5))
     a = t.Var("A")
-    right = (t.reduce("sum", t.transpose(a, "1,0"), -1), t.transpose(t.reduce("sum", a, -2), "1,0"))
-    wrong = (t.reduce("sum", t.transpose(a, "1,0"), -1), t.transpose(t.reduce("sum", a, -1), "1,0"))
-    assert agree(*right, Bindings(tensors={"A": x}), [])
-    assert not agree(*wrong, Bindings(tensors={"A": x}), [])
+    n, m = t.ExtVar("n"), t.ExtVar("m")
+    right = (t.reduce("sum", t.transpose(a, "1,0"), -1, n), t.transpose(t.reduce("sum", a, -2, n), "1,0"))
+    wrong = (t.reduce("sum", t.transpose(a, "1,0"), -1, n), t.transpose(t.reduce("sum", a, -1, m), "1,0"))
+    sizes = {"n": 3, "m": 5}
+    assert agree(*right, Bindings(tensors={"A": x}, extents=sizes), [])
+    assert not agree(*wrong, Bindings(tensors={"A": x}, extents=sizes), [])
 
 
 def test_verify_refuses_a_wrong_sgraph_with_the_refuting_layer():
@@ -1076,7 +1128,7 @@ def test_identical_terms_are_proved_without_an_e_graph():
     from superopt.verifier.terms import binary, inp
 
     program = workloads.resolve("rmsnorm_matmul:ci")
-    lhs, (rhs, axes) = lower_program(program), lower_sgraph(unfused_baseline(program))
+    lhs, (rhs, axes) = lower_program(program), lower_sgraph(unfused_baseline(program), program)
     seen: dict[str, object] = {}
 
     def prove_on_a_fresh_thread() -> None:

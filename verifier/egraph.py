@@ -40,7 +40,16 @@ from egglog import (
 from egglog import eq as egg_eq
 
 from superopt.verifier.rules import RULES, Rule, permutation_rules
-from superopt.verifier.terms import SIGNATURES, AxisVar, ConstVar, DimVar, Node, PermVar, Term, Var
+from superopt.verifier.terms import SIGNATURES, AxisVar, ConstVar, DimVar, Ext, ExtVar, Node, PermVar, Term, Var
+
+
+class X(Expr):
+    """Extents (see superopt.verifier.terms.Ext)."""
+
+    @classmethod
+    def sym(cls, name: StringLike) -> X: ...
+    def per(self, axis: StringLike) -> X: ...
+    def times(self, axis: StringLike) -> X: ...
 
 
 class T(Expr):
@@ -58,12 +67,12 @@ class T(Expr):
     def exp(self) -> T: ...
     def sqrt(self) -> T: ...
     def relu(self) -> T: ...
-    def sum(self, d: i64Like) -> T: ...
-    def mean(self, d: i64Like) -> T: ...
+    def sum(self, d: i64Like, n: X) -> T: ...
+    def mean(self, d: i64Like, n: X) -> T: ...
     def max(self, d: i64Like) -> T: ...
     def squeeze(self, d: i64Like) -> T: ...
     def bcast(self, d: i64Like) -> T: ...
-    def matmul(self, other: T) -> T: ...
+    def matmul(self, other: T, k: X) -> T: ...
     def transpose(self, perm: StringLike) -> T: ...
     def reshape(self, shape: StringLike) -> T: ...
     def part(self, d: i64Like, axis: StringLike) -> T: ...
@@ -97,6 +106,13 @@ class _Converter:
             return self._var(p.name, String)
         if isinstance(p, ConstVar):
             return self._var(p.name, f64)
+        if isinstance(p, ExtVar):
+            return self._var(p.name, X)
+        if isinstance(p, Ext):
+            if p.kind == "sym":
+                return X.sym(str(p.args[0]))
+            inner, axis = self.param(p.args[0]), self.param(p.args[1])
+            return inner.per(axis) if p.kind == "per" else inner.times(axis)
         return p
 
     def term(self, t: Term) -> T:
@@ -107,7 +123,7 @@ class _Converter:
         kids = [self.term(c) for c in t.children]
         params = [self.param(p) for p in t.params]
         # Leaves are class methods of T; every other op is a method of its first operand.
-        out = getattr(T, t.op)(*params) if t.op in ("inp", "const") else getattr(kids[0], t.op)(*kids[1:], *params)
+        out = getattr(T, t.op)(*params) if not kids else getattr(kids[0], t.op)(*kids[1:], *params)
         self.memo[t] = out
         return out
 
@@ -175,7 +191,7 @@ def _analysis_rules() -> Any:
             continue
         params: list[Any] = []
         for k in kinds:
-            params.append({"dim": d, "axis": b, "str": name}[k])
+            params.append({"dim": d, "axis": b, "str": name, "ext": var("n__", X)}[k])
         kids = [e, f][:n_kids]
         shape = getattr(kids[0], op)(*kids[1:], *params)
         if op in ("sum_over", "mean_over", "cat_over"):

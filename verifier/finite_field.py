@@ -4,10 +4,20 @@ Every value carries its residue mod p and, while it can still reach an exponent,
 (none when the program has no exp) with q | p - 1: `exp(x)` is g^(x mod q) in Z_p with g of order
 q, so exp(a + b) = exp(a) exp(b) holds exactly (Mirage's construction; p = 2q + 1 ≈ 2^31 here
 instead of 16-bit fields). Arithmetic is exact, so there is no tolerance: a mismatch proves the two
-computations differ (for the modelled ops). Ops outside {+, -, *, /, exp} (sqrt, relu, max,
-and exp of a value that already went through exp) are uninterpreted: random low-degree polynomials
+computations differ (for the modelled ops). Ops outside {+, -, *, /, exp, max} (sqrt, relu, and
+exp of a value that already went through exp) are uninterpreted: random low-degree polynomials
 drawn per trial, the same on both sides, so any computation that applies them to equal arguments
 agrees.
+
+A residue cannot be ordered, so `max` selects (`MAX_MODEL`): when the program or the sGraph
+takes a maximum, every value also carries `order`, the same computation in float64 on random
+real inputs (the uninterpreted ops as strictly increasing stand-ins), and a maximum is the
+residue of the element its order puts first. Maxima then combine as maxima do: a max of per-tile
+maxima is the row's, a sum of them is not. (As a symmetric function of the elements summed, max
+passed a sum of per-tile maxima for the row's at every shape.) Rounding could order two elements
+within about 1e-15 of each other differently on the two sides; random real inputs make that
+unlikely. `error_bound` counts the residues only: a schedule right for some orders of the
+elements (the row's first element for its maximum) passes a trial whose random orders are such.
 
 Equal fingerprints are a probabilistic statement: a nonzero difference of total degree D vanishes
 at a random point with probability ≤ D/p (Schwartz–Zippel), and exponents collide with probability
@@ -29,6 +39,7 @@ from superopt.instantiate import Instance
 from superopt.interpreter import run as run_sgraph
 from superopt.primitives import Algebra, ArrayAlgebra, V, apply
 from superopt.program import Program
+from superopt.sgraph import LibraryKernel, SGraph
 
 P = 2147483783  # prime, P = 2 Q + 1
 Q = 1073741891  # prime
@@ -38,6 +49,9 @@ RESIDUE_BITS = 32  # residues mod P and Q are below 2^32
 DRAW_BITS = 31  # random bits per drawn residue: times a residue below 2^32, below 2^63
 POISON = -1  # never a residue: an unwritten output element fails every comparison
 UF_DEGREE = 3
+MAX_MODEL = ("finite fields: max selects the element that a float64 shadow of the same computation puts "
+             "first, so maxima combine as maxima, never as sums; the e-graph and the float layer check max too")
+MAX_OPS = ("max", "softmax")  # the ops whose meaning takes a maximum (softmax subtracts the row's)
 
 
 class FF:
@@ -47,11 +61,11 @@ class FF:
     where an op needs them, so at real shapes a weight is held once, not as both (a decoder
     layer's field check at X (16, 4096): 4.9 -> 2.8 GB)."""
 
-    __slots__ = ("_p", "_q", "pf", "qf")
+    __slots__ = ("_p", "_q", "order", "pf", "qf")
 
     def __init__(self, p: np.ndarray | None, q: np.ndarray | None,
-                 pf: np.ndarray | None = None, qf: np.ndarray | None = None) -> None:
-        self._p, self._q, self.pf, self.qf = p, q, pf, qf
+                 pf: np.ndarray | None = None, qf: np.ndarray | None = None, order: np.ndarray | None = None) -> None:
+        self._p, self._q, self.pf, self.qf, self.order = p, q, pf, qf, order
 
     @property
     def p(self) -> np.ndarray:
@@ -165,50 +179,68 @@ def _const_mod(value: float, m: int) -> int:
     return f.numerator % m * pow(f.denominator % m, m - 2, m) % m
 
 
+# Strictly increasing real stand-ins for the uninterpreted ops, in the order shadow: equal
+# arguments give equal orders, different ones different orders (relu's zeros would tie).
+_ORDER_STANDINS: dict[str, Callable[[np.ndarray], np.ndarray]] = {
+    "sqrt": lambda x: np.sign(x) * np.sqrt(np.abs(x)),
+    "relu": lambda x: np.where(x > 0, x, x / 8),
+    "exp": np.exp,
+}
+
+
+def _real(fn: Callable[..., np.ndarray], *xs: FF) -> np.ndarray | None:
+    """`fn` of the operands' order shadows, when all carry one (overflow to inf is an order too)."""
+    if any(x.order is None for x in xs):
+        return None
+    with np.errstate(all="ignore"):
+        return fn(*(x.order for x in xs))
+
+
 class FieldAlgebra(ArrayAlgebra[FF]):
     """Exact Z_P arithmetic with a Z_Q exponent shadow; uninterpreted ops drawn from `rng`."""
 
     def __init__(self, rng: np.random.Generator) -> None:
         draw = lambda m: [int(x) for x in rng.integers(1, m, UF_DEGREE + 1)]
-        self.uf = {name: (draw(P), draw(Q)) for name in ("sqrt", "relu", "max", "exp")}
+        self.uf = {name: (draw(P), draw(Q)) for name in ("sqrt", "relu", "exp")}
 
     def _uf(self, name: str, x: FF) -> FF:
         cp, cq = self.uf[name]
-        return FF(_poly(cp, x.p, P), None if x.q is None else _poly(cq, x.q, Q))
+        return FF(_poly(cp, x.p, P), None if x.q is None else _poly(cq, x.q, Q), order=_real(_ORDER_STANDINS[name], x))
 
-    def _lift(self, fn: Any, *xs: FF) -> FF:
+    def _lift(self, fn: Any, real: Callable[..., np.ndarray], *xs: FF) -> FF:
         p = fn(*(x.p for x in xs), P)
         q = fn(*(x.q for x in xs), Q) if all(x.shadowed for x in xs) else None
-        return FF(p, q)
+        return FF(p, q, order=_real(real, *xs))
 
     @staticmethod
     def _view(fn: Callable[[np.ndarray], np.ndarray], a: FF) -> FF:
-        """The same layout change of the residues, the shadow and their float64 copies (those
-        held: an input's int64 residues are not made for a view of it)."""
-        return FF(*(None if x is None else fn(x) for x in (a._p, a._q, a.pf, a.qf)))
+        """The same layout change of the residues, the shadow, their float64 copies and the order
+        (those held: an input's int64 residues are not made for a view of it)."""
+        return FF(*(None if x is None else fn(x) for x in (a._p, a._q, a.pf, a.qf, a.order)))
 
     def const(self, value: float) -> FF:
-        return FF(np.array(_const_mod(value, P), dtype=np.int64), np.array(_const_mod(value, Q), dtype=np.int64))
+        return FF(np.array(_const_mod(value, P), dtype=np.int64), np.array(_const_mod(value, Q), dtype=np.int64),
+                  order=np.array(value, dtype=np.float64))
 
     def add(self, a: FF, b: FF) -> FF:
-        return self._lift(lambda x, y, m: (x + y) % m, a, b)
+        return self._lift(lambda x, y, m: (x + y) % m, np.add, a, b)
 
     def sub(self, a: FF, b: FF) -> FF:
-        return self._lift(lambda x, y, m: (x - y) % m, a, b)
+        return self._lift(lambda x, y, m: (x - y) % m, np.subtract, a, b)
 
     def mul(self, a: FF, b: FF) -> FF:
-        return self._lift(_mulmod, a, b)
+        return self._lift(_mulmod, np.multiply, a, b)
 
     def div(self, a: FF, b: FF) -> FF:
-        return self._lift(lambda x, y, m: _mulmod(x, _inv(y, m), m), a, b)
+        return self._lift(lambda x, y, m: _mulmod(x, _inv(y, m), m), np.divide, a, b)
 
     def neg(self, a: FF) -> FF:
-        return self._lift(lambda x, m: (-x) % m, a)
+        return self._lift(lambda x, m: (-x) % m, np.negative, a)
 
     def exp(self, a: FF) -> FF:
         if a.q is None:  # exp of an exp: outside the exact fragment
             return self._uf("exp", a)
-        return FF(_exp_g(a.q), None)
+        return FF(_exp_g(a.q), None, order=_real(np.exp, a))
 
     def sqrt(self, a: FF) -> FF:
         return self._uf("sqrt", a)
@@ -217,18 +249,28 @@ class FieldAlgebra(ArrayAlgebra[FF]):
         return self._uf("relu", a)
 
     def sum(self, a: FF, dim: int, keepdim: bool) -> FF:
-        return self._lift(lambda x, m: np.sum(x, axis=dim, keepdims=keepdim) % m, a)
+        total = lambda x: np.sum(x, axis=dim, keepdims=keepdim)
+        return self._lift(lambda x, m: total(x) % m, total, a)
 
     def max(self, a: FF, dim: int, keepdim: bool) -> FF:
-        # A symmetric uninterpreted function of the reduced elements.
-        return self.sum(self._uf("max", a), dim, keepdim)
+        """The element the order shadow puts first (an unwritten one, NaN, first of all)."""
+        order = a.order
+        if order is None:
+            raise ValueError("max needs the order shadow: the inputs were drawn without it")
+        first = np.expand_dims(np.argmax(order, axis=dim), dim)
+
+        def pick(x: np.ndarray) -> np.ndarray:
+            picked = np.take_along_axis(np.broadcast_to(x, order.shape), first, axis=dim)
+            return picked if keepdim else np.squeeze(picked, axis=dim)
+
+        return FF(pick(a.p), None if a.q is None else pick(a.q), order=pick(order))
 
     def mean(self, a: FF, dim: int, keepdim: bool, n: Any) -> FF:
         return self.div(self.sum(a, dim, keepdim), self.const(float(n)))
 
     def matmul(self, a: FF, b: FF) -> FF:
         q = _matmul_mod(a._q, b._q, Q, a.qf, b.qf) if a.shadowed and b.shadowed else None
-        return FF(_matmul_mod(a._p, b._p, P, a.pf, b.pf), q)
+        return FF(_matmul_mod(a._p, b._p, P, a.pf, b.pf), q, order=_real(np.matmul, a, b))
 
     def transpose(self, a: FF, perm: Sequence[int]) -> FF:
         return self._view(lambda x: np.transpose(x, perm), a)
@@ -244,6 +286,10 @@ class FieldAlgebra(ArrayAlgebra[FF]):
 
     def put(self, buf: FF, index: tuple[slice, ...], value: FF) -> None:
         buf.p[index] = value.p
+        if value.order is not None:
+            if buf.order is None:
+                buf.order = np.full(buf.p.shape, np.nan)  # unwritten: what a max picks first
+            buf.order[index] = value.order
         if buf.q is not None:
             if value.q is None:
                 buf.q = None
@@ -253,7 +299,8 @@ class FieldAlgebra(ArrayAlgebra[FF]):
     def concat(self, parts: Sequence[FF], dim: int) -> FF:
         p = np.concatenate([x.p for x in parts], axis=dim)
         qs = [x.q for x in parts]
-        return FF(p, None if any(q is None for q in qs) else np.concatenate(qs, axis=dim))  # type: ignore[arg-type]
+        return FF(p, None if any(q is None for q in qs) else np.concatenate(qs, axis=dim),  # type: ignore[arg-type]
+                  order=_real(lambda *xs: np.concatenate(xs, axis=dim), *parts))
 
     def broadcast_to(self, a: FF, shape: Sequence[int]) -> FF:
         return self._view(lambda x: np.broadcast_to(x, tuple(shape)), a)
@@ -270,16 +317,19 @@ def _poly(coeffs: list[int], x: np.ndarray, m: int) -> np.ndarray:
 
 
 def random_field_inputs(
-    program: Program, rng: np.random.Generator, shadow: Collection[str] | None = None,
+    program: Program, rng: np.random.Generator, shadow: Collection[str] | None = None, ordered: bool = False,
 ) -> dict[str, FF]:
     """Random residues, with float64 copies for matmuls (`FF.pf`); the exponent shadow of the
     inputs in `shadow` (default: all), the others' never being read (`exponent_inputs`: at real
-    shapes a shadow doubles an input's work)."""
+    shapes a shadow doubles an input's work); with `ordered`, random reals in [-1, 1) that order
+    the values for max (drawn last: the residues are those drawn without)."""
     inputs = {}
     for n in program.inputs:
         pf = _residues(rng, P, n.shape).astype(np.float64)
         qf = _residues(rng, Q, n.shape).astype(np.float64) if shadow is None or n.id in shadow else None
         inputs[n.id] = FF(None, None, pf, qf)
+    for n in program.inputs if ordered else ():
+        inputs[n.id].order = rng.uniform(-1.0, 1.0, n.shape)
     return inputs
 
 
@@ -315,6 +365,7 @@ class FieldCheck:
     trials: int
     error_bound: float  # probability that a wrong sGraph passes every trial
     mismatch: str = ""
+    max_model: str = ""  # how max was evaluated (`MAX_MODEL`), when the program or the sGraph takes one
 
 
 def check(program: Program, inst: Instance, trials: int = 2, seed: int = 0) -> FieldCheck:
@@ -322,18 +373,28 @@ def check(program: Program, inst: Instance, trials: int = 2, seed: int = 0) -> F
     deg, deg_exp = degree_bounds(program)
     per_trial = min(1.0, deg * _most_likely(P) + deg_exp * _most_likely(Q))
     shadowed = exponent_inputs(program)
+    ordered = takes_max(program, inst.sgraph)
+    model = MAX_MODEL if ordered else ""
     for trial in range(trials):
-        if mismatch := _trial(program, inst, np.random.default_rng([seed, trial]), shadowed):
-            return FieldCheck(False, trial + 1, per_trial ** (trial + 1), f"trial {trial}: {mismatch}")
-    return FieldCheck(True, trials, per_trial**trials)
+        if mismatch := _trial(program, inst, np.random.default_rng([seed, trial]), shadowed, ordered):
+            return FieldCheck(False, trial + 1, per_trial ** (trial + 1), f"trial {trial}: {mismatch}", model)
+    return FieldCheck(True, trials, per_trial**trials, max_model=model)
 
 
-def _trial(program: Program, inst: Instance, rng: np.random.Generator, shadowed: frozenset[str]) -> str:
+def takes_max(program: Program, sgraph: SGraph) -> bool:
+    """Whether the program or the sGraph takes a maximum: only then do values need their order."""
+    ops = [n.op for n in program.topological()]
+    for k in sgraph.kernels:
+        ops += [k.op] if isinstance(k, LibraryKernel) else [op.op for op in k.block.ops()]
+    return any(op in MAX_OPS for op in ops)
+
+
+def _trial(program: Program, inst: Instance, rng: np.random.Generator, shadowed: frozenset[str], ordered: bool) -> str:
     """One random point: which output differs, or "". Its own frame, so that a trial's arrays
     are freed before the next one draws (at real shapes, held across the draws they tripled
     the next trial's time)."""
     alg = FieldAlgebra(rng)
-    inputs = random_field_inputs(program, rng, shadow=shadowed)
+    inputs = random_field_inputs(program, rng, shadow=shadowed, ordered=ordered)
     want = evaluate_program(program, inputs, alg)
     got = run_sgraph(inst, inputs, alg)
     for i, (w, g) in enumerate(zip(want, got, strict=True)):
@@ -376,7 +437,7 @@ class _Degree(Algebra[tuple[int, int]]):
         return a
 
     def max(self, a: tuple[int, int], dim: int, keepdim: bool) -> tuple[int, int]:
-        return UF_DEGREE * a[0], a[1]
+        return a  # one of the elements
 
     def mean(self, a: tuple[int, int], dim: int, keepdim: bool, n: Any) -> tuple[int, int]:
         return a

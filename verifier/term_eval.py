@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from superopt.verifier.terms import AxisVar, ConstVar, DimVar, PermVar, Term, Var
+from superopt.verifier.terms import AxisVar, ConstVar, DimVar, Ext, ExtVar, PermVar, Term, Var
 
 TensorValue = np.ndarray | Callable[[Mapping[str, int]], np.ndarray]
 
@@ -26,10 +26,50 @@ class Bindings:
     consts: dict[str, float] = field(default_factory=dict)
     perms: dict[str, str] = field(default_factory=dict)  # PermVar name -> permutation text ("1,0")
     sizes: dict[str, int] = field(default_factory=dict)  # axis name -> size
+    extents: dict[str, int] = field(default_factory=dict)  # ExtVar or extent symbol name -> value
 
 
 class EvalError(ValueError):
     """A term that is ill-formed for the bound sizes (e.g. a split that does not divide)."""
+
+
+def extent(n: object, b: Bindings) -> int:
+    """The value of an extent under these bindings (a split must divide it)."""
+    if isinstance(n, ExtVar):
+        return b.extents[n.name]
+    if not isinstance(n, Ext):
+        raise EvalError(f"not an extent: {n!r}")
+    if n.kind == "sym":
+        return 1 if n.args[0] == "1" else b.extents[str(n.args[0])]
+    inner, axis = extent(n.args[0], b), b.sizes[str(_param(n.args[1], b))]
+    if n.kind == "times":
+        return inner * axis
+    if inner % axis:
+        raise EvalError(f"extent {inner} split into {axis} tiles")
+    return inner // axis
+
+
+def _reduce(op: str, x: np.ndarray, d: int, n: int | None) -> np.ndarray:
+    """A reduction over dim d of extent n: a value of size 1 there (a broadcast, a constant) is
+    constant along d, so its sum is n times it and its mean is itself."""
+    if n is None or (-d <= x.ndim and x.shape[d] == n):
+        if -d > x.ndim:
+            raise EvalError(f"{op} over dim {d} of shape {x.shape}")
+        return getattr(np, op)(x, axis=d, keepdims=True)
+    if -d <= x.ndim and x.shape[d] != 1:
+        raise EvalError(f"{op} over dim {d} of shape {x.shape} with extent {n}")
+    return x * n if op == "sum" else x
+
+
+def _matmul(x: np.ndarray, y: np.ndarray, k: int) -> np.ndarray:
+    """x @ y contracting an extent k: an operand of size 1 there is broadcast to k."""
+    if x.shape[-1] == 1 and k != 1:
+        x = np.broadcast_to(x, (*x.shape[:-1], k))
+    if y.shape[-2] == 1 and k != 1:
+        y = np.broadcast_to(y, (*y.shape[:-2], k, y.shape[-1]))
+    if x.shape[-1] != k or y.shape[-2] != k:
+        raise EvalError(f"matmul of {x.shape} and {y.shape} contracting {k}")
+    return np.matmul(x, y)
 
 
 def _param(p: object, b: Bindings) -> object:
@@ -74,14 +114,14 @@ def evaluate(t: Term, b: Bindings, idx: Mapping[str, int] | None = None) -> np.n
         return fn1(vals[0])
     x = vals[0]
     if op in ("sum", "mean", "max"):
-        return getattr(np, op)(x, axis=_int(params[0]), keepdims=True)
+        return _reduce(op, x, _int(params[0]), extent(t.params[1], b) if len(t.params) > 1 else None)
     if op in ("bcast", "squeeze"):
         d = _int(params[0])
         if -d <= x.ndim and x.shape[d] != 1:
             raise EvalError(f"{op} on dim {d} of shape {x.shape}, which is not 1")
         return np.squeeze(x, axis=d) if op == "squeeze" else x
     if op == "matmul":
-        return np.matmul(x, vals[1])
+        return _matmul(x, vals[1], extent(t.params[0], b))
     if op == "transpose":
         return np.transpose(x, [int(v) for v in str(params[0]).split(",")])
     if op == "reshape":

@@ -11,10 +11,20 @@ Layout operators, over named axes (a grid axis or a loop axis of an sGraph):
 - `part(E, d, a)`: the tile of E along dim d for the index of axis a (E split into |a| parts);
 - `sum_over(E, a)`, `mean_over(E, a)`: the sum / mean of E over the indices of a;
 - `cat_over(E, d, a)`: the concatenation of E along d over the indices of a.
-A term with a free axis denotes a function of that axis' index. No term mentions a size, so an
-equality proved between terms holds for every size that meets the divisibility constraints.
+A term with a free axis denotes a function of that axis' index.
 
-Patterns (for rules) use `Var` (a tensor), `DimVar` and `AxisVar` in place of subterms/params.
+Extents. A rule that names no size is not thereby true for every size: `sum(X + 1, -1)` is
+`sum(X, -1) + 64` for X of width 64, and a width-free `sum(1, -1)` would let associativity move X's
+64 next to a sum over a width of 32. So every op whose value depends on the extent of the dim it
+reduces (`sum`, `mean`, `matmul`'s contraction) carries that extent as an `Ext`: a symbol for one
+of the program's dim classes (dims the program ties share it; untied dims never do), divided by
+the axes a tile map splits it over (`per`), or multiplied back by those a concatenation gathers
+(`times`). The sum of a term constant along the reduced dim is the term times the extent (`term_eval` evaluates it so).
+An equality proved between terms then holds for every assignment of the extent symbols and axis
+sizes that meets the divisibility constraints.
+
+Patterns (for rules) use `Var` (a tensor), `DimVar`, `AxisVar` and `ExtVar` in place of
+subterms/params.
 """
 
 from __future__ import annotations
@@ -22,7 +32,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Union
 
-Param = Union[int, float, str, "DimVar", "AxisVar", "ConstVar", "PermVar"]
+Param = Union[int, float, str, "DimVar", "AxisVar", "ConstVar", "PermVar", "Ext", "ExtVar"]
 
 
 @dataclass(frozen=True)
@@ -71,6 +81,56 @@ class PermVar:
 
 
 @dataclass(frozen=True)
+class ExtVar:
+    """An extent in a pattern."""
+
+    name: str
+
+    def __str__(self) -> str:
+        return self.name
+
+
+@dataclass(frozen=True)
+class Ext:
+    """An extent: `sym(name)`, `per(ext, axis)` (divided by the axis' size) or `times(ext, axis)`."""
+
+    kind: str
+    args: tuple[Ext | ExtVar | AxisVar | str, ...]
+
+    def __str__(self) -> str:
+        if self.kind == "sym":
+            return str(self.args[0])
+        sign = "/" if self.kind == "per" else "*"
+        return f"({self.args[0]}{sign}{self.args[1]})"
+
+
+def ext_sym(name: str) -> Ext:
+    return Ext("sym", (name,))
+
+
+def per(n: Ext | ExtVar, axis: str | AxisVar) -> Ext:
+    """n divided by the axis' size; a tile of what a concatenation over the axis gathered is what
+    was gathered (`times` undone)."""
+    if isinstance(n, Ext) and n.kind == "times" and n.args[1] == axis:
+        inner = n.args[0]
+        assert isinstance(inner, Ext | ExtVar)
+        return inner
+    return Ext("per", (n, axis))
+
+
+def times(n: Ext | ExtVar, axis: str | AxisVar) -> Ext:
+    """n times the axis' size; the extent a concatenation over the axis gathers (`per` undone)."""
+    if isinstance(n, Ext) and n.kind == "per" and n.args[1] == axis:
+        inner = n.args[0]
+        assert isinstance(inner, Ext | ExtVar)
+        return inner
+    return Ext("times", (n, axis))
+
+
+ONE = ext_sym("1")  # a dim of size 1 (what a reduction keeps, what a broadcast starts from)
+
+
+@dataclass(frozen=True)
 class Node:
     op: str
     children: tuple[Term, ...] = ()
@@ -89,9 +149,9 @@ SIGNATURES: dict[str, tuple[int, tuple[str, ...]]] = {
     "const": (0, ("float",)),
     "add": (2, ()), "sub": (2, ()), "mul": (2, ()), "div": (2, ()),
     "neg": (1, ()), "exp": (1, ()), "sqrt": (1, ()), "relu": (1, ()),
-    "sum": (1, ("dim",)), "mean": (1, ("dim",)), "max": (1, ("dim",)),
+    "sum": (1, ("dim", "ext")), "mean": (1, ("dim", "ext")), "max": (1, ("dim",)),
     "squeeze": (1, ("dim",)), "bcast": (1, ("dim",)),
-    "matmul": (2, ()),
+    "matmul": (2, ("ext",)),
     "transpose": (1, ("str",)), "reshape": (1, ("str",)),
     "part": (1, ("dim", "axis")),
     "sum_over": (1, ("axis",)), "mean_over": (1, ("axis",)),
@@ -100,6 +160,7 @@ SIGNATURES: dict[str, tuple[int, tuple[str, ...]]] = {
 ELEMENTWISE_BINARY = ("add", "sub", "mul", "div")
 ELEMENTWISE_UNARY = ("neg", "exp", "sqrt", "relu")
 REDUCTIONS = ("sum", "mean", "max")
+EXTENT_REDUCTIONS = ("sum", "mean")  # the reductions whose value depends on the reduced extent
 
 
 def node(op: str, *children: Term, params: tuple[Param, ...] = ()) -> Node:
@@ -127,7 +188,11 @@ def unary(op: str, a: Term) -> Node:
     return node(op, a)
 
 
-def reduce(op: str, a: Term, d: int | DimVar) -> Node:
+def reduce(op: str, a: Term, d: int | DimVar, n: Ext | ExtVar | None = None) -> Node:
+    """A reduction over dim d of extent n (sum and mean need n; max ignores it)."""
+    if op in EXTENT_REDUCTIONS:
+        assert n is not None, f"{op} needs the extent it reduces"
+        return node(op, a, params=(d, n))
     return node(op, a, params=(d,))
 
 
@@ -139,8 +204,9 @@ def squeeze(a: Term, d: int | DimVar) -> Node:
     return node("squeeze", a, params=(d,))
 
 
-def matmul(a: Term, b: Term) -> Node:
-    return node("matmul", a, b)
+def matmul(a: Term, b: Term, k: Ext | ExtVar) -> Node:
+    """a @ b contracting an extent k (a product of two broadcasts is k times their product)."""
+    return node("matmul", a, b, params=(k,))
 
 
 def transpose(a: Term, perm: str | PermVar) -> Node:
