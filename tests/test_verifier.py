@@ -29,7 +29,7 @@ from superopt.verifier.egraph import prove
 from superopt.verifier.lowering import lower_program, lower_sgraph
 from superopt.verifier.oracle import C, Oracle, abstract_program, abstract_sgraph, constants_of, mk
 from superopt.verifier.rules import RULES, permutation_rules
-from superopt.verifier.term_eval import Bindings, EvalError, agree
+from superopt.verifier.term_eval import Bindings, EvalError, agree, exact_evaluable
 from superopt.verifier.term_eval import evaluate as evaluate_term
 from superopt.verifier.verify import verify, verify_at
 
@@ -41,9 +41,13 @@ NAMES = list(workloads.WORKLOADS)
 
 @pytest.mark.parametrize("rule", RULES, ids=[r.name for r in RULES])
 def test_rule_holds_on_random_instances(rule):
+    """In float64, and exactly (in rationals) wherever the rule has no exp or sqrt, at six
+    instances of pairwise distinct axis sizes."""
+    exact = exact_evaluable(rule.lhs) and exact_evaluable(rule.rhs)
     for seed in range(6):
         b = rule.example(np.random.default_rng(seed))
         assert agree(rule.lhs, rule.rhs, b, [b.axes[x] for x in rule.free]), (rule.name, seed)
+        assert not exact or agree(rule.lhs, rule.rhs, b, [b.axes[x] for x in rule.free], exact=True), (rule.name, seed)
 
 
 def test_rule_checker_refutes_unsound_rules():
@@ -62,6 +66,17 @@ def test_rule_checker_refutes_unsound_rules():
     wrong = (t.sum_over(t.reduce("mean", t.part(e, dim, a), dim, t.per(n, a)), a), t.reduce("mean", e, dim, n))
     assert not agree(*wrong, b2, [])
     assert b.sizes["x"] == 3
+
+
+def test_exact_rule_checks_see_what_rounding_hides():
+    """A rule off by one part in 10^12 passes the float64 comparison and fails the exact one;
+    most rules are checked exactly."""
+    a_var = t.Var("A")
+    b = Bindings(tensors={"A": np.random.default_rng(4).standard_normal((3, 4)) + 0.1})
+    nearly = (t.binary("mul", a_var, t.const(1.0 + 1e-12)), a_var)
+    assert agree(*nearly, b, []) and not agree(*nearly, b, [], exact=True)
+    exact = [r for r in RULES if exact_evaluable(r.lhs) and exact_evaluable(r.rhs)]
+    assert len(exact) >= 0.8 * len(RULES), (len(exact), len(RULES))
 
 
 def test_rule_checker_sees_extents():

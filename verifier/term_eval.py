@@ -10,12 +10,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from fractions import Fraction
 
 import numpy as np
 
 from superopt.verifier.terms import AxisVar, ConstVar, DimVar, Ext, ExtVar, PermVar, Term, Var
 
 TensorValue = np.ndarray | Callable[[Mapping[str, int]], np.ndarray]
+INEXACT = ("exp", "sqrt")  # no rational value
 
 
 @dataclass
@@ -84,29 +86,34 @@ def _param(p: object, b: Bindings) -> object:
     return p
 
 
-def evaluate(t: Term, b: Bindings, idx: Mapping[str, int] | None = None) -> np.ndarray:
+def evaluate(t: Term, b: Bindings, idx: Mapping[str, int] | None = None, exact: bool = False) -> np.ndarray:
+    """The value of t; `exact`: in rational arithmetic (object arrays of Fractions: the floats
+    bound, taken exactly), so no rounding can hide or fake a difference (no exp or sqrt)."""
     idx = dict(idx or {})
     if isinstance(t, Var):
-        return _tensor(b.tensors[t.name], idx)
+        return _tensor(b.tensors[t.name], idx, exact)
     params = [_param(p, b) for p in t.params]
     op = t.op
     if op == "inp":
-        return _tensor(b.tensors[str(params[0])], idx)
+        return _tensor(b.tensors[str(params[0])], idx, exact)
     if op == "const":
-        return np.asarray(float(str(params[0])))
+        value = float(str(params[0]))
+        return np.asarray(Fraction(value) if exact else value)
     kids = t.children
     if op in ("sum_over", "mean_over", "cat_over"):
         axis = str(params[-1])
-        parts = [evaluate(kids[0], b, {**idx, axis: i}) for i in range(b.sizes[axis])]
+        parts = [evaluate(kids[0], b, {**idx, axis: i}, exact) for i in range(b.sizes[axis])]
         if op == "cat_over":
             return np.concatenate(parts, axis=_int(params[0]))
         total = np.sum(parts, axis=0)
         return total / len(parts) if op == "mean_over" else total
-    vals = [evaluate(c, b, idx) for c in kids]
+    vals = [evaluate(c, b, idx, exact) for c in kids]
     if op in ("add", "sub", "mul", "div"):
         fn = {"add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.divide}[op]
         return fn(vals[0], vals[1])
     if op in ("neg", "exp", "sqrt", "relu"):
+        if exact and op in INEXACT:
+            raise EvalError(f"{op} has no exact evaluation")
         unary: dict[str, Callable[[np.ndarray], np.ndarray]] = {
             "neg": np.negative, "exp": np.exp, "sqrt": np.sqrt, "relu": lambda x: np.maximum(x, 0.0),
         }
@@ -138,20 +145,29 @@ def evaluate(t: Term, b: Bindings, idx: Mapping[str, int] | None = None) -> np.n
     raise EvalError(f"no evaluation for op {op!r}")
 
 
-def _tensor(v: TensorValue, idx: Mapping[str, int]) -> np.ndarray:
-    return v(idx) if callable(v) else v
+def _tensor(v: TensorValue, idx: Mapping[str, int], exact: bool) -> np.ndarray:
+    value = v(idx) if callable(v) else v
+    return np.vectorize(Fraction, otypes=[object])(value) if exact else value
 
 
-def agree(lhs: Term, rhs: Term, b: Bindings, free: list[str], rtol: float = 1e-9) -> bool:
-    """Both sides have equal shapes and values for every index of the free axes."""
+def agree(lhs: Term, rhs: Term, b: Bindings, free: list[str], rtol: float = 1e-9, exact: bool = False) -> bool:
+    """Both sides have equal shapes and values for every index of the free axes (`exact`: equal
+    rationals, see `evaluate`; else equal within rtol in float64)."""
     combos: list[dict[str, int]] = [{}]
     for axis in free:
         combos = [{**c, axis: i} for c in combos for i in range(b.sizes[axis])]
     for c in combos:
-        x, y = evaluate(lhs, b, c), evaluate(rhs, b, c)
-        if x.shape != y.shape or not np.allclose(x, y, rtol=rtol, atol=1e-12):
+        x, y = evaluate(lhs, b, c, exact), evaluate(rhs, b, c, exact)
+        if x.shape != y.shape:
+            return False
+        if not (np.array_equal(x, y) if exact else np.allclose(x, y, rtol=rtol, atol=1e-12)):
             return False
     return True
+
+
+def exact_evaluable(t: Term) -> bool:
+    """Whether t has an exact (rational) value: no exp or sqrt in it."""
+    return isinstance(t, Var) or (t.op not in INEXACT and all(exact_evaluable(c) for c in t.children))
 
 
 def _int(param: object) -> int:
