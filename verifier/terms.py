@@ -111,20 +111,19 @@ def ext_sym(name: str) -> Ext:
 def per(n: Ext | ExtVar, axis: str | AxisVar) -> Ext:
     """n divided by the axis' size; a tile of what a concatenation over the axis gathered is what
     was gathered (`times` undone)."""
-    if isinstance(n, Ext) and n.kind == "times" and n.args[1] == axis:
-        inner = n.args[0]
-        assert isinstance(inner, Ext | ExtVar)
-        return inner
-    return Ext("per", (n, axis))
+    return _undone(n, "times", axis) or Ext("per", (n, axis))
 
 
 def times(n: Ext | ExtVar, axis: str | AxisVar) -> Ext:
     """n times the axis' size; the extent a concatenation over the axis gathers (`per` undone)."""
-    if isinstance(n, Ext) and n.kind == "per" and n.args[1] == axis:
-        inner = n.args[0]
-        assert isinstance(inner, Ext | ExtVar)
-        return inner
-    return Ext("times", (n, axis))
+    return _undone(n, "per", axis) or Ext("times", (n, axis))
+
+
+def _undone(n: Ext | ExtVar, kind: str, axis: str | AxisVar) -> Ext | None:
+    """What n was before a `kind` over this axis (None where it was not one)."""
+    if isinstance(n, Ext) and n.kind == kind and n.args[1] == axis and isinstance(n.args[0], Ext):
+        return n.args[0]
+    return None
 
 
 ONE = ext_sym("1")  # a dim of size 1 (what a reduction keeps, what a broadcast starts from)
