@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 
 import numpy as np
@@ -592,6 +593,28 @@ def _biased_mean_sgraph(p: Program) -> SGraph:
     return b.build(["O"])
 
 
+def _reduced_product_program(op: str, dim: int) -> Program:
+    p = Program(f"{op}_of_product")
+    x, w = p.input("X", (4, 16), "f32"), p.input("W", (16, 12), "f32")
+    p.output(p.op("mul", p.op(op, x @ w, dim=dim, keepdim=True), 0.5, name="O"))
+    return p
+
+
+def _reduced_operand_sgraph(p: Program, op: str, dim: int) -> SGraph:
+    """The columns of W (rows of X) reduced first, then a matrix-vector product: the matmul of
+    the program is never computed."""
+    b = SGraphBuilder.for_program(p)
+    if dim == -1:
+        v = b.library(op, "W", dim=-1, keepdim=True)
+        prod = b.library("matmul", "X", v)
+    else:
+        v = b.library(op, "X", dim=-2, keepdim=True)
+        prod = b.library("matmul", v, "W")
+    half = b.library("const", value=0.5)
+    b.library("mul", prod, half, out="O")
+    return b.build(["O"])
+
+
 def _transposed_program() -> Program:
     """Every elementwise op of transposed operands (both, or one and a constant on either side)."""
     p = Program("transposed")
@@ -645,6 +668,9 @@ TARGETED = {
     "elementwise ops of transposed operands, the kernel's output transposed": (_transposed_program,
                                                                               _transposed_sgraph),
     "sums and differences regrouped": (_regrouped_sums_program, _regrouped_sums_sgraph),
+    **{f"a {op} of a product's {where} as a product with an operand's {where} reduced first": (
+        functools.partial(_reduced_product_program, op, dim), functools.partial(_reduced_operand_sgraph, op=op, dim=dim))
+        for op in ("sum", "mean") for dim, where in ((-1, "columns"), (-2, "rows"))},
     "a row mean of values plus a constant and a row bias, the mean taken first": (_biased_mean_program,
                                                                                    _biased_mean_sgraph),
     "row sums of negated values, negated after or before the loop": (

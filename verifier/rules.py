@@ -171,6 +171,17 @@ def _ex_const_scale(rng: np.random.Generator) -> Bindings:
                     consts={"c": float(rng.uniform(0.5, 2.0))}, extents={"n": 3})
 
 
+def _ex_matmul_reduced(dim: int) -> Callable[[np.random.Generator], Bindings]:
+    """A (.., 2, 3) @ B (.., 3, 5), reduced over the product's rows (dim -2) or columns (-1)."""
+
+    def make(rng: np.random.Generator) -> Bindings:
+        batch = [int(x) for x in rng.integers(2, 4, int(rng.integers(0, 2)))]
+        return Bindings(tensors={"A": _rand(rng, *batch, 2, 3), "B": _rand(rng, *batch, 3, 5)},
+                        extents={"n": 3, "m": 5 if dim == -1 else 2})
+
+    return make
+
+
 def _ex_matmul_chain(rng: np.random.Generator) -> Bindings:
     """A (.., 2, 3) @ B (.., 3, 4) @ C (.., 4, 5), batched or not."""
     batch = [int(x) for x in rng.integers(2, 4, int(rng.integers(0, 2)))]
@@ -408,6 +419,12 @@ RULES: list[Rule] = [
     Rule("sum-over-matmul-right", t.sum_over(t.matmul(A, B, n), a), t.matmul(A, t.sum_over(B, a), n),
          (("indep", A, a),),
          _ex_over_linear("right")),
+    # a sum or mean of a product's columns (rows) is the product with the right operand's columns
+    # (the left operand's rows) summed first: a matrix-vector product instead of the matmul
+    *[Rule(f"{op}-of-matmul-cols", t.reduce(op, t.matmul(A, B, n), -1, m), t.matmul(A, t.reduce(op, B, -1, m), n),
+           (), _ex_matmul_reduced(-1)) for op in ("sum", "mean")],
+    *[Rule(f"{op}-of-matmul-rows", t.reduce(op, t.matmul(A, B, n), -2, m), t.matmul(t.reduce(op, A, -2, m), B, n),
+           (), _ex_matmul_reduced(-2)) for op in ("sum", "mean")],
     Rule("sum-over-scale", t.sum_over(t.binary("mul", A, B), a), t.binary("mul", t.sum_over(A, a), B),
          (("indep", B, a),), _ex_over_linear("scale")),
     Rule("sum-over-divide", t.sum_over(t.binary("div", A, B), a), t.binary("div", t.sum_over(A, a), B),
