@@ -19,6 +19,7 @@ from typing import Any
 
 from superopt import costmodel
 from superopt.config import DEFAULT_BUDGET_S, SearchConfig
+from superopt.limits import check_budgets
 from superopt.program import Program
 from superopt.result import Candidate, Result, SearchStats, Verdict
 from superopt.sgraph import SGraph
@@ -81,10 +82,7 @@ def optimize(
     writes the kernel cache (the job worker stores results itself); `reuse=False` neither reads
     nor keeps those sGraphs. `workers`/`ray_address` distribute the search on Ray."""
     program.validate()
-    if budget_s is not None and not budget_s > 0:
-        raise ValueError(f"budget_s: must be greater than 0 (or None: no time limit), got {budget_s}")
-    if max_states is not None and max_states < 1:
-        raise ValueError(f"max_states: must be at least 1 (or None: no limit), got {max_states}")
+    check_budgets(budget_s, max_states)
     config = config or SearchConfig()
     choice = resolve_target(target)
     kernel_cache = None

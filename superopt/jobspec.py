@@ -19,12 +19,12 @@ from superopt import workloads
 from superopt.config import DEFAULT_BUDGET_S, SearchConfig
 from superopt.db.errors import RequestError
 from superopt.db.jobs import JobQueue, JobView
+from superopt.limits import MAX_BUDGET_S, MAX_STATES, shown
 from superopt.loading import LoadError, load_program
 from superopt.program import Program, ProgramError
 from superopt.targets import TARGETS
 
 _DEFAULT = SearchConfig()
-MAX_STATES = 10**12  # far beyond any budget that ends, within what every database stores
 _STRICT = ConfigDict(extra="forbid", strict=True)
 
 
@@ -48,7 +48,7 @@ class JobRequest(BaseModel):
     model_config = _STRICT
     program: Any = Field(description="program JSON (superopt.program/1) or a built-in workload name")
     target: str = Field("auto", description=f"auto, or one of {', '.join(TARGETS)}")
-    budget_s: float | None = Field(DEFAULT_BUDGET_S, gt=0, le=7 * 24 * 3600, allow_inf_nan=False,
+    budget_s: float | None = Field(DEFAULT_BUDGET_S, gt=0, le=MAX_BUDGET_S, allow_inf_nan=False,
                                    description="search time budget in seconds (null: none)")
     max_states: int | None = Field(None, gt=0, le=MAX_STATES, description="search state budget")
     force: bool = Field(False, description="search even when the cache has the answer")
@@ -65,7 +65,7 @@ class JobRequest(BaseModel):
     @classmethod
     def _known_target(cls, v: str) -> str:
         if v != "auto" and v.lower() not in TARGETS:
-            raise ValueError(f"unknown target {v!r}; expected auto or one of {', '.join(TARGETS)}")
+            raise ValueError(f"unknown target {shown(v)}; expected auto or one of {', '.join(TARGETS)}")
         return v.lower()
 
     def search_config(self) -> SearchConfig:
@@ -97,7 +97,7 @@ class JobRequest(BaseModel):
 
 def _builtin(name: str) -> Program:
     if not workloads.is_builtin(name):
-        raise LoadError(f"{name!r} is not a built-in workload ({', '.join(workloads.WORKLOADS)})")
+        raise LoadError(f"{shown(name)} is not a built-in workload ({', '.join(workloads.WORKLOADS)})")
     try:
         return workloads.resolve(name)
     except KeyError as e:

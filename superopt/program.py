@@ -6,8 +6,10 @@
     p.output(p.rms_norm(x) @ w)
 
 Programs are validated as they are built (and when loaded from JSON); every error names the node
-and the problem. `to_json` / `Program.from_json` round-trip losslessly; `canonical_hash` is the
-identity used by the kernel cache (see `superopt.canonical`).
+and the problem. Names (the program's and every node id) follow one grammar, and tensors and
+programs stay within size limits: see `superopt.limits`. `to_json` / `Program.from_json`
+round-trip losslessly; `canonical_hash` is the identity used by the kernel cache (see
+`superopt.canonical`).
 """
 
 from __future__ import annotations
@@ -20,13 +22,22 @@ from typing import Any
 
 from superopt import ops
 from superopt.dtypes import DTYPES
+from superopt.dtypes import dtype as get_dtype
 from superopt.jsontext import JSONTextError, parse_json
+from superopt.limits import (
+    MAX_NODES,
+    MAX_RANK,
+    PROGRAM_BYTES_ENV,
+    TENSOR_ELEMENTS_ENV,
+    max_program_bytes,
+    max_tensor_elements,
+    name_problem,
+    shown,
+)
 from superopt.ops import OpError
 from superopt.sizes import Size
 
 SCHEMA = "superopt.program/1"
-MAX_NODES = 128  # a search space grows exponentially with the program; larger ones are split
-MAX_ELEMENTS = 2**31 - 1  # per tensor: generated kernels index with 32-bit integers
 
 
 class ProgramError(ValueError):
@@ -153,7 +164,9 @@ class Program:
         return self.nodes[self.outputs[0]].dtype or "f32"
 
     def validate(self) -> Program:
-        """Whole-program checks that building node by node cannot make: outputs exist, all used."""
+        """Whole-program checks that building node by node cannot make: a valid name, outputs
+        exist, all used, within the node and byte limits."""
+        _named(self.name, "program name")
         if not self.outputs:
             raise ProgramError(f"program {self.name!r} has no output")
         for o in self.outputs:
@@ -168,15 +181,24 @@ class Program:
             if n.id not in live:
                 kind = "input" if n.op == "input" else "node"
                 raise ProgramError(f"{kind} {n.id!r} ({n.op}) is not used by any output")
-        if len(self.nodes) > MAX_NODES:
-            raise ProgramError(f"program {self.name!r} has {len(self.nodes)} nodes; at most {MAX_NODES} are searched "
-                               "(split it into smaller programs)")
+        _check_node_count(self.name, len(self.nodes))
         first = next(iter(self.inputs), None)
         other = next((n for n in self.inputs if first and n.dtype != first.dtype), None)
         if first and other:
             raise ProgramError(f"inputs mix dtypes: {first.id!r} is {first.dtype}, {other.id!r} is {other.dtype} "
                                "(a program, like its kernels, has one dtype)")
+        self._check_bytes()
         return self
+
+    def _check_bytes(self) -> None:
+        """Refuse a program whose tensors do not fit a worker together (the byte limit)."""
+        sizes = {n.id: math.prod(n.shape) * get_dtype(n.dtype).nbytes for n in self.nodes.values() if n.dtype}
+        total, limit = sum(sizes.values()), max_program_bytes()
+        if total > limit:
+            largest = max(sizes, key=lambda k: sizes[k])
+            raise ProgramError(f"program {self.name!r}: its tensors take {total:,} bytes in their dtypes; at most "
+                               f"{limit:,} ({PROGRAM_BYTES_ENV}); the largest is node {largest!r} with "
+                               f"{sizes[largest]:,} bytes")
 
     def _live(self) -> set[str]:
         live: set[str] = set()
@@ -279,14 +301,22 @@ class Tensor:
         return self.program.op("neg", self)
 
 
+def _named(name: object, what: str) -> str:
+    """`name`, or the ProgramError saying how it breaks the name grammar (`superopt.limits`):
+    names reach database rows, messages and comments in generated code, so they are data only."""
+    problem = name_problem(name)
+    if problem is not None or not isinstance(name, str):
+        raise ProgramError(f"{what} {shown(name)} is not a valid name: {problem}")
+    return name
+
+
 def _shape_text(shape: Iterable[int]) -> str:
     return "(" + ", ".join(str(d) for d in shape) + ")"
 
 
 def _make_node(nid: Any, op: Any, inputs: tuple[str, ...], attrs: dict[str, Any], known: Mapping[str, Node]) -> Node:
     """Check one node against the nodes before it and infer its shape and dtype."""
-    if not isinstance(nid, str) or not nid:
-        raise ProgramError(f"node id must be a non-empty string, got {nid!r}")
+    _named(nid, "node id")
     where = f"node {nid!r}"
     if nid in known:
         raise ProgramError(f"{where}: duplicate node id")
@@ -299,6 +329,7 @@ def _make_node(nid: Any, op: Any, inputs: tuple[str, ...], attrs: dict[str, Any]
         shape = attrs.get("shape")
         if not isinstance(shape, list | tuple) or not shape:
             raise ProgramError(f"{where}: 'shape' must be a non-empty list of dimensions, got {shape!r}")
+        _check_rank(len(shape), where)
         for d in shape:
             if isinstance(d, bool) or not isinstance(d, int):
                 raise ProgramError(f"{where}: dimension {d!r} is not an integer")
@@ -334,11 +365,24 @@ def _make_node(nid: Any, op: Any, inputs: tuple[str, ...], attrs: dict[str, Any]
     return _sized(Node(nid, op, inputs, full, tuple(int(s.int_value()) for s in shape_s), dt), where)
 
 
+def _check_node_count(name: str, count: int) -> None:
+    if count > MAX_NODES:
+        raise ProgramError(f"program {name!r} has {count} nodes; at most {MAX_NODES} are searched "
+                           "(split it into smaller programs)")
+
+
+def _check_rank(rank: int, where: str) -> None:
+    if rank > MAX_RANK:
+        raise ProgramError(f"{where}: rank {rank}; at most {MAX_RANK} dimensions")
+
+
 def _sized(node: Node, where: str) -> Node:
-    """`node`, unless it has more elements than generated kernels can index."""
-    if math.prod(node.shape) > MAX_ELEMENTS:
-        raise ProgramError(f"{where}: shape {list(node.shape)} has {math.prod(node.shape):,} elements; at most "
-                           f"{MAX_ELEMENTS:,} (generated kernels index tensors with 32-bit integers)")
+    """`node`, unless its rank or its element count is above the limits (a reshape can raise both)."""
+    _check_rank(len(node.shape), where)
+    elements, limit = math.prod(node.shape), max_tensor_elements()
+    if elements > limit:
+        raise ProgramError(f"{where}: shape {list(node.shape)} has {elements:,} elements; at most {limit:,} "
+                           f"({TENSOR_ELEMENTS_ENV})")
     return node
 
 
@@ -351,19 +395,16 @@ def _load(data: Any) -> Program:
     extra = set(data) - {"schema", "name", "nodes", "outputs"}
     if extra:
         raise ProgramError(f"unexpected top-level field {sorted(extra)[0]!r}")
-    name = data.get("name", "program")
-    if not isinstance(name, str) or not name:
-        raise ProgramError(f"'name' must be a non-empty string, got {name!r}")
+    name = _named(data.get("name", "program"), "'name'")
     raw = data.get("nodes")
     if not isinstance(raw, list) or not raw:
         raise ProgramError("'nodes' must be a non-empty list")
+    _check_node_count(name, len(raw))  # before the work of checking each one
     entries: dict[str, dict[str, Any]] = {}
     for i, e in enumerate(raw):
         if not isinstance(e, dict):
             raise ProgramError(f"nodes[{i}] must be an object")
-        nid = e.get("id")
-        if not isinstance(nid, str) or not nid:
-            raise ProgramError(f"nodes[{i}]: 'id' must be a non-empty string, got {nid!r}")
+        nid = _named(e.get("id"), f"nodes[{i}]: 'id'")
         if nid in entries:
             raise ProgramError(f"node {nid!r}: duplicate node id")
         unknown = set(e) - {"id", "op", "inputs", "attrs", "shape", "dtype"}

@@ -15,6 +15,7 @@ from superopt.assignments import enumerate_assignments
 from superopt.build import SGraphBuilder
 from superopt.codegen import CodegenError, KernelLaunch, LibraryCall, generate
 from superopt.codegen.layout import alignment, smem_slots, tile_runs, vector_bytes
+from superopt.codegen.names import c_names
 from superopt.codegen.nvcc import parse_ptxas
 from superopt.codegen.stages import lanes_for
 from superopt.costmodel import best_params, estimate, is_free, kernel_floors
@@ -71,7 +72,8 @@ def test_source_is_deterministic_and_names_its_schedule():
     header = a.source.split("*/")[0]
     assert "sGraph gqa.flashdecode" in header and "params: F=2,gx=2,gy=2,gz=2,hx=1,hy=2" in header
     assert "kernel k0  graph-defined  grid x=gx y=gy z=gz  loop f=F  -> NUM, DEN" in header
-    assert "gqa_flashdecode_k0<<<(2, 2, 2), 128, " in header
+    assert re.fullmatch(r"so_[0-9a-f]{8}_k0", a.launches[0].name)  # made by the generator, not of user text
+    assert f"{a.launches[0].name}<<<(2, 2, 2), 128, " in header
     other = instantiate(ci_instance("gqa").sgraph, {**CI_PARAMS["gqa"], "F": 4}, H100)
     assert generate(other).source != a.source
 
@@ -79,14 +81,15 @@ def test_source_is_deterministic_and_names_its_schedule():
 def test_storage_plan_decides_what_lives_in_shared_memory():
     inst = ci_instance("rmsnorm_matmul")
     src = generate(inst).source
-    plan = inst.sgraph.info.blocks["k0"].storage
-    for tid, where in plan.items():
-        declared = re.search(rf"\* const t_{tid} = reinterpret_cast", src) is not None
-        assert declared == (where is not None), tid
+    info = inst.sgraph.info.blocks["k0"]
+    t, v = c_names(info.shapes, "t_"), c_names(info.shapes, "v_")  # tiles by position, never by id
+    for tid, where in info.storage.items():
+        declared = re.search(rf"\* const {t[tid]} = reinterpret_cast<\w+\*>\(so_smem \+ \d+\);  // {tid}: ", src)
+        assert (declared is not None) == (where is not None), tid
     # b1 (matmul) adds straight into its accumulator; p7, p9 are fused into their consumers
-    assert "for (int r = 0; r < 4; ++r) t_acc4[(mg * 4 + r) * 16 + ni] += dot[r];" in src
-    assert "const float v_p7 = (so_f(t_acc5[i]) + 1e-06f);" in src
-    assert "const float v_p9 = (so_f(t_acc4[i]) / so_f(t_p8[c0]));" in src  # broadcast of the row RMS
+    assert f"for (int r = 0; r < 4; ++r) {t['acc4']}[(mg * 4 + r) * 16 + ni] += dot[r];" in src
+    assert f"const float {v['p7']} = (so_f({t['acc5']}[i]) + 1e-06f);" in src
+    assert f"const float {v['p9']} = (so_f({t['acc4']}[i]) / so_f({t['p8']}[c0]));" in src  # the row RMS, broadcast
 
 
 def test_tensor_cores_where_tile_dims_allow_and_cuda_cores_otherwise():

@@ -75,8 +75,19 @@ def _sub(pattern: str, repl: str, count: int = 1) -> Callable[[str], str]:
     return mutate
 
 
+def _sub_tiles(pattern: str, repl: str) -> Callable[[str], str]:
+    """`_sub` with `{tile}` in both strings standing for that tile's C name (the generator names
+    tiles by position; the comment on each shared-memory declaration says which tile it holds)."""
+    def mutate(source: str) -> str:
+        declared = r"(t_\d+) = reinterpret_cast<\w+\*>\(so_smem \+ \d+\);  // (\S+): "
+        names = {m.group(2): m.group(1) for m in re.finditer(declared, source)}
+        return _sub(pattern.format(**names), repl.format(**names))(source)
+
+    return mutate
+
+
 def _drop_first_barrier_in_loop(source: str) -> str:
-    head, sep, loop = source.partition("for (int it_f = 0;")
+    head, sep, loop = source.partition("for (int it = 0;")
     assert sep
     return head + sep + loop.replace("    __syncthreads();\n", "", 1)
 
@@ -85,15 +96,15 @@ def _drop_first_barrier_in_loop(source: str) -> str:
 BROKEN = {
     "missing barrier after the tile loads": ("gated_mlp", {"F": 2, "gx": 3}, _drop_first_barrier_in_loop),
     "input tile off by one block": (
-        "rmsnorm_matmul", {"F": 2, "gx": 2}, _sub(r"const int base = blk_x \* 24 \+ it_f \* 1536;",
-                                                  "const int base = (blk_x + 1) * 24 + it_f * 1536;")),
+        "rmsnorm_matmul", {"F": 2, "gx": 2}, _sub(r"const int base = blk_x \* 24 \+ it \* 1536;",
+                                                  "const int base = (blk_x + 1) * 24 + it * 1536;")),
     "loop walks the wrong tile": (
-        "rmsnorm_mlp", {"F": 4, "gx": 3}, _sub(r"const int base = it_f \* 16;", "const int base = (it_f ^ 1) * 16;")),
+        "rmsnorm_mlp", {"F": 4, "gx": 3}, _sub(r"const int base = it \* 16;", "const int base = (it ^ 1) * 16;")),
     "wrong output map": (
         "gqa", {"F": 1, "gx": 2, "gy": 2, "gz": 2, "hx": 1, "hy": 1},
         _sub(r"const int base = blk_x \* 256 \+ blk_y \* 128 \+ blk_z \* 16;",
              "const int base = blk_x * 256 + blk_z * 128 + blk_y * 16;")),
-    "accumulator never zeroed": ("lora", {"F": 2, "gx": 2}, _sub(r"t_acc4\[i\] = 0\.0f;", ";")),
+    "accumulator never zeroed": ("lora", {"F": 2, "gx": 2}, _sub_tiles(r"{acc4}\[i\] = 0\.0f;", ";")),
     "reduction over half the lanes": (
         "ntrans", {"gx": 1}, _sub(r"so_group_sum<(\d+)>\(ss\)", r"so_group_sum<\1 / 2>(ss)", count=2)),
     "missing barrier before a tensor-core matmul": ("gqa-wmma-batched", None, _drop_first_barrier_in_loop),
@@ -101,9 +112,9 @@ BROKEN = {
         "gated_mlp", {"F": 2, "gx": 3}, _sub(r"i < 64; i \+= 128\) \{\n      const int c0 = i / 16;",
                                               "i < 63; i += 128) {\n      const int c0 = i / 16;")),
     "concat puts the loop's tiles in mirrored slots": (
-        "concat-accumulator", {"gx": 2, "F": 4}, _sub(r"\+ it_f \* 16\] = ", "+ (3 - it_f) * 16] = ")),
+        "concat-accumulator", {"gx": 2, "F": 4}, _sub(r"\+ it \* 16\] = ", "+ (3 - it) * 16] = ")),
     "store converts the wrong accumulator": (
-        "gated_mlp", {"F": 1, "gx": 1}, _sub(r"so_silu\(so_f\(t_acc2\[i\]\)\)", "so_silu(so_f(t_acc4[i]))")),
+        "gated_mlp", {"F": 1, "gx": 1}, _sub_tiles(r"so_silu\(so_f\({acc2}\[i\]\)\)", "so_silu(so_f({acc4}[i]))")),
 }
 
 
@@ -139,8 +150,9 @@ def test_divergent_barrier_is_a_deadlock():
 
 def test_misaligned_vector_copy_is_reported():
     program, prog = _broken_program("gated_mlp", {"F": 1, "gx": 1})
-    src = prog.source.replace("reinterpret_cast<const uint4*>(g_X + base + v * 8)",
-                              "reinterpret_cast<const uint4*>(g_X + base + v * 8 + 1)", 1)
+    assert "const __half* __restrict__ g_0,  // X" in prog.source
+    src = prog.source.replace("reinterpret_cast<const uint4*>(g_0 + base + v * 8)",
+                              "reinterpret_cast<const uint4*>(g_0 + base + v * 8 + 1)", 1)
     assert src != prog.source
     with pytest.raises(runner.HarnessError, match="misaligned"):
         runner.run(CudaProgram(src, prog.steps, prog.tensors, prog.inputs, prog.outputs), random_inputs(program, 0))

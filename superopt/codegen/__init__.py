@@ -5,7 +5,8 @@
 that runs the whole kernel graph, library kernels included.
 """
 
-from superopt.codegen.generate import describe_steps, generate, kernel_name
+from superopt.codegen.generate import describe_steps, generate
+from superopt.codegen.names import kernel_name
 from superopt.codegen.program import CodegenError, CudaProgram, KernelLaunch, LibraryCall
 
 __all__ = [

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import math
-import re
-from collections.abc import Iterable
 
 from superopt import ops
 from superopt.codegen.layout import Slot, smem_slots
+from superopt.codegen.names import c_names
 from superopt.codegen.prelude import C_TYPE
 from superopt.codegen.program import CodegenError
 from superopt.codegen.values import TensorRef
@@ -16,20 +15,6 @@ from superopt.instantiate import Instance
 from superopt.sgraph import BlockOp, GraphKernel
 
 WMMA_TILE = 16
-
-
-def c_names(names: Iterable[str], prefix: str) -> dict[str, str]:
-    """Distinct C identifiers for arbitrary ids, readable: prefix + id with non-word chars as '_'."""
-    out: dict[str, str] = {}
-    used: set[str] = set()
-    for n in names:
-        base = prefix + re.sub(r"\W", "_", n, flags=re.ASCII)
-        cand, i = base, 2
-        while cand in used:
-            cand, i = f"{base}_{i}", i + 1
-        used.add(cand)
-        out[n] = cand
-    return out
 
 
 class KernelContext:
@@ -46,8 +31,8 @@ class KernelContext:
         self._smem = c_names(tiles, "t_")
         self._reg = c_names(tiles, "v_")
         self.global_names = c_names([*k.tensor_inputs, *k.outputs], "g_")
-        self.axis_vars = c_names([a.name for a in k.block.grid], "blk_")
-        self.loop_var = c_names([k.block.loop.name], "it_")[k.block.loop.name]
+        self.axis_vars = {a.name: f"blk_{dim}" for a, dim in zip(k.block.grid, "xyz", strict=False)}
+        self.loop_var = "it"
         stored = [(t, st, self.tile(t)) for t, st in self.info.storage.items() if st is not None]
         self.slots: list[Slot] = smem_slots(stored)
         for t in tiles:

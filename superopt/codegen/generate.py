@@ -8,11 +8,11 @@ function of the instance: the same instance gives byte-identical source.
 
 from __future__ import annotations
 
-import re
 from dataclasses import replace
 
-from superopt.codegen.context import KernelContext, c_names
+from superopt.codegen.context import KernelContext
 from superopt.codegen.kernel import kernel_source
+from superopt.codegen.names import c_names, comment_text, kernel_name
 from superopt.codegen.prelude import C_TYPE, prelude
 from superopt.codegen.program import (
     THREADS_PER_BLOCK,
@@ -27,10 +27,6 @@ from superopt.render import render_sgraph
 from superopt.sgraph import GraphKernel, LibraryKernel, TensorDecl
 
 
-def kernel_name(sgraph_name: str, kernel_id: str) -> str:
-    return re.sub(r"\W", "_", f"{sgraph_name}_{kernel_id}", flags=re.ASCII)
-
-
 def generate(inst: Instance) -> CudaProgram:
     sg = inst.sgraph
     if inst.target.threads_per_block != THREADS_PER_BLOCK:
@@ -41,11 +37,11 @@ def generate(inst: Instance) -> CudaProgram:
     steps: list[Step] = []
     bodies: list[str] = []
     uses_wmma = False
-    for k in sg.kernels:
+    for position, k in enumerate(sg.kernels):
         if isinstance(k, LibraryKernel):
             steps.append(LibraryCall(k.id, k.op, k.inputs, dict(k.attrs), k.output))
             continue
-        ctx = KernelContext(inst, k, kernel_name(sg.name, k.id))
+        ctx = KernelContext(inst, k, kernel_name(sg.name, position))
         text, wmma = kernel_source(ctx)
         uses_wmma |= wmma
         smem = sum(s.nbytes for s in ctx.slots)
@@ -65,10 +61,6 @@ def _launch(inst: Instance, k: GraphKernel, name: str, smem: int, wmma: bool) ->
     grid = (*inst.grid(k), 1, 1)[:3]
     return KernelLaunch(k.id, name, (grid[0], grid[1], grid[2]), (THREADS_PER_BLOCK, 1, 1), smem,
                         (*k.tensor_inputs, *k.outputs), k.outputs, wmma)
-
-
-def _comment_safe(text: str) -> str:
-    return text.replace("*/", "* /")
 
 
 def describe_steps(program: CudaProgram) -> list[str]:
@@ -93,7 +85,7 @@ def _header(inst: Instance, program: CudaProgram) -> str:
         f"params: {inst.params_text() or '(none)'}   target: {inst.target.name}   "
         f"threads per block: {THREADS_PER_BLOCK}",
         "",
-        *render_sgraph(sg, inst.values).splitlines(),
+        *render_sgraph(sg, inst.values).split("\n"),  # its own lines: a name's \r or U+2028 is escaped
         "",
         "launches, in order (grid, block threads, dynamic shared memory bytes; library kernels run on the host side):",
         *describe_steps(program),
@@ -101,7 +93,7 @@ def _header(inst: Instance, program: CudaProgram) -> str:
         "tensors (row-major, device pointers 16-byte aligned; a view reads its stored tensor's memory):",
         *(f"{t.id} {t.shape} {t.dtype}" + _view_text(program, t.id) for t in program.tensors.values()),
     ]
-    return "/*\n" + "\n".join(_comment_safe(f" * {ln}".rstrip()) for ln in lines) + "\n */\n"
+    return "/*\n" + "\n".join(f" * {comment_text(ln)}".rstrip() for ln in lines) + "\n */\n"
 
 
 def _view_text(program: CudaProgram, tensor: str) -> str:

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 
 from superopt import ops
 from superopt.codegen.context import KernelContext
+from superopt.codegen.names import comment_text
 from superopt.codegen.program import THREADS_PER_BLOCK, CodegenError
 from superopt.codegen.stages import (
     Stage,
@@ -48,7 +49,7 @@ class _Barriers:
             if st.reads & self.dirty or st.writes & (self.dirty | self.read):
                 lines.append(BARRIER)
                 self.clear()
-            lines.append(f"// {st.comment}")
+            lines.append(f"// {comment_text(st.comment)}")
             lines += st.lines
             self.dirty |= st.writes
             self.read |= st.reads
@@ -108,11 +109,11 @@ def kernel_source(ctx: KernelContext) -> tuple[str, bool]:
 
 def _function(ctx: KernelContext, lines: list[str], wmma: bool) -> str:
     k = ctx.k
-    params = [f"const {ctx.gtype(t)}* __restrict__ {ctx.gname(t)}" for t in k.tensor_inputs]
-    params += [f"{ctx.gtype(t)}* __restrict__ {ctx.gname(t)}" for t in k.outputs]
+    params = [(f"const {ctx.gtype(t)}* __restrict__ {ctx.gname(t)}", t) for t in k.tensor_inputs]
+    params += [(f"{ctx.gtype(t)}* __restrict__ {ctx.gname(t)}", t) for t in k.outputs]
     head = [
         f'extern "C" __global__ void __launch_bounds__({THREADS_PER_BLOCK}, {MIN_BLOCKS_PER_SM}) {ctx.name}(',
-        *(f"    {p}{',' if i < len(params) - 1 else ') {'}" for i, p in enumerate(params)),
+        *(f"    {p}{',' if i < len(params) - 1 else ') {'}  // {comment_text(t)}" for i, (p, t) in enumerate(params)),
     ]
     total = sum(s.nbytes for s in ctx.slots)
     decl = [f"extern __shared__ __align__(128) unsigned char so_smem[];  // {total} bytes, per the storage plan"]
@@ -120,10 +121,10 @@ def _function(ctx: KernelContext, lines: list[str], wmma: bool) -> str:
         ct = ctx.ctype(s.tensor)
         shape = " x ".join(map(str, s.shape)) or "scalar"
         decl.append(f"{ct}* const {ctx.smem(s.tensor)} = reinterpret_cast<{ct}*>(so_smem + {s.offset});"
-                    f"  // {shape} {s.dtype}")
+                    f"  // {comment_text(s.tensor)}: {shape} {s.dtype}")
     decl.append("const int tid = threadIdx.x;")
     if wmma:
         decl.append("const int warp = tid / 32;")
     for axis, dim in zip(ctx.block.grid, "xyz", strict=False):
-        decl.append(f"const int {ctx.axis_vars[axis.name]} = blockIdx.{dim};")
+        decl.append(f"const int {ctx.axis_vars[axis.name]} = blockIdx.{dim};  // {comment_text(axis.name)}")
     return "\n".join([*head, *indent(decl), *indent(lines), "}"]) + "\n"
