@@ -4,9 +4,12 @@
   JSON it was first stored with; the JSON is re-hashed on every cache read.
 - `target`: what a time was taken on (a cost-model target or a measured GPU), by fingerprint.
 - `job`: one optimization request and the search history: queue state, lease, progress, result.
-- `candidate`: every ranked candidate a job produced, with its verdict and times, and a digest of
-  its stored JSON so that a damaged row is noticed instead of served.
+- `candidate`: every ranked candidate a job produced, with its verdict and times; its sGraph's
+  tensors named canonically (superopt.db.canonical_names).
 - `winner`: the answer of the cache, one per workload + target + search config + superopt version.
+
+Candidate and winner rows carry a keyed MAC (superopt.db.integrity): the database is not trusted,
+so a row that an editor of the database changed is noticed instead of served.
 
 Times are naive UTC datetimes on every backend, so SQLite and PostgreSQL compare them alike.
 """
@@ -77,6 +80,7 @@ class Job(Base):
     __tablename__ = "job"
     __table_args__ = (
         Index(None, "state", "id"),
+        Index(None, "idempotency_key", unique=True),
         CheckConstraint(f"state IN ({', '.join(repr(s.value) for s in JobState)})", name="state"),
     )
 
@@ -101,6 +105,13 @@ class Job(Base):
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     started_at: Mapped[datetime | None]
     finished_at: Mapped[datetime | None]
+    # The client's Idempotency-Key (a retried POST /jobs answers this job), and the sha256 of the
+    # request it came with (the same key with another request is refused).
+    idempotency_key: Mapped[str | None] = mapped_column(String(200))
+    request_digest: Mapped[str | None] = mapped_column(String(64))
+    # The target's cache identity while the job runs ("auto" resolved by the worker that claimed
+    # it), so that jobs of one program, config and resolved target never search at once.
+    target_fingerprint: Mapped[str | None] = mapped_column(String(500))
 
     workload: Mapped[Workload] = relationship()
 
@@ -114,13 +125,14 @@ class Candidate(Base):
     target_id: Mapped[int] = mapped_column(ForeignKey("target.id"))
     rank: Mapped[int | None]  # position in the result's ranked list; None for best/baseline outside it
     data: Mapped[str] = mapped_column(Text)  # superopt.result.Candidate JSON
-    digest: Mapped[str] = mapped_column(String(64))  # sha256 of `data`
+    digest: Mapped[str] = mapped_column(String(64))  # sha256 of `data`: one row per distinct candidate of a job
     time_us: Mapped[float]
     time_source: Mapped[str] = mapped_column(String(16))
     estimated_us: Mapped[float | None]
     proved: Mapped[bool]
     kernels: Mapped[int]
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    mac: Mapped[str | None] = mapped_column(String(64))  # None: written before rows were signed
 
     job: Mapped[Job] = relationship()
     target: Mapped[Target] = relationship()
@@ -138,8 +150,10 @@ class Winner(Base):
     job_id: Mapped[int] = mapped_column(ForeignKey("job.id"))
     candidate_id: Mapped[int] = mapped_column(ForeignKey("candidate.id"))
     baseline_id: Mapped[int] = mapped_column(ForeignKey("candidate.id"))
+    ranked_ids: Mapped[list[int] | None] = mapped_column(JSON)  # its job's ranked candidates, in rank order
     time_us: Mapped[float]
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    mac: Mapped[str | None] = mapped_column(String(64))  # None: written before rows were signed
 
     workload: Mapped[Workload] = relationship()
     target: Mapped[Target] = relationship()

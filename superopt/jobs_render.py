@@ -6,7 +6,9 @@ from datetime import datetime
 from typing import Any
 
 from rich.table import Table
+from rich.text import Text
 
+from superopt.db.audit import BadRow
 from superopt.db.cache import CacheEntry
 from superopt.db.jobs import JobView
 from superopt.db.models import utcnow
@@ -69,6 +71,14 @@ def entries_table(entries: list[CacheEntry]) -> Table:
             _us(e.time_us), _us(e.baseline_time_us), _x(e.baseline_time_us / e.time_us if e.time_us > 0 else None),
             e.created_at.isoformat(sep=" ", timespec="seconds"),
         )
+    return t
+
+
+def audit_table(bad: list[BadRow]) -> Table:
+    """The rows `superopt cache verify` found bad; problems are plain text (never Rich markup)."""
+    t = Table("table", "id", "program", "problem", title="bad rows", title_justify="left")
+    for b in bad:
+        t.add_row(b.table, str(b.id), Text(b.program), Text("\n".join(b.problems)))
     return t
 
 

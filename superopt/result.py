@@ -8,13 +8,13 @@ them) and the front ends (which print them). `Result.report()` is the JSON docum
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
-from superopt.canonical import input_names
 from superopt.costmodel import is_free
 from superopt.program import Program
-from superopt.sgraph import GraphKernel, SGraph, renamed
+from superopt.sgraph import GraphKernel, SGraph
+from superopt.svg import render_svg
 
 
 @dataclass
@@ -91,15 +91,6 @@ class Verdict:
 
 def _finite(x: float) -> float | None:
     return x if math.isfinite(x) else None
-
-
-def _fresh(name: str, taken: set[str]) -> str:
-    """`name` with the first numeric suffix that makes it unused (added to `taken`)."""
-    n = 1
-    while f"{name}_{n}" in taken:
-        n += 1
-    taken.add(f"{name}_{n}")
-    return f"{name}_{n}"
 
 
 @dataclass
@@ -215,26 +206,12 @@ class Result:
             return self.baseline.time_us / self.best.time_us
         return 1.0 if self.baseline.time_us <= 0 else math.inf
 
-    def bound_to(self, program: Program) -> Result:
-        """This result answering `program`, which has the same canonical hash (a cache hit): its
-        sGraphs read `program`'s input names (matched in canonical order; a kernel's tensor that
-        would clash with one is renamed too). CUDA generated for other names is dropped."""
-        names = input_names(self.program, program)
-        if not names:
-            return replace(self, program=program)
-        renamed_candidates: dict[int, Candidate] = {}
-
-        def bind(c: Candidate) -> Candidate:
-            if id(c) not in renamed_candidates:
-                inputs = {names.get(d.id, d.id) for d in c.sgraph.inputs}
-                taken = inputs | {t for k in c.sgraph.kernels for t in k.outputs}
-                clashes = {t: _fresh(t, taken) for k in c.sgraph.kernels for t in k.outputs if t in inputs}
-                sg = renamed(c.sgraph, {**names, **clashes})
-                renamed_candidates[id(c)] = replace(c, sgraph=sg, cuda=None, launch=[]) if sg != c.sgraph else c
-            return renamed_candidates[id(c)]
-
-        return replace(self, program=program, best=bind(self.best), baseline=bind(self.baseline),
-                       candidates=[bind(c) for c in self.candidates])
+    def to_svg(self) -> str:
+        """The winner's picture (`superopt.svg`) at its chosen parameters, captioned with what it won."""
+        best = self.best
+        return render_svg(best.sgraph, best.params, caption=(
+            f"best schedule of {self.program.name} on {self.target}: {best.time_us:.3g} us ({best.time_source}), "
+            f"{self.speedup:.2f}x over the unfused baseline"))
 
     def report(self) -> dict[str, Any]:
         best = self.best.to_json()

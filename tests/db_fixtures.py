@@ -7,6 +7,7 @@
   the unfused baseline).
   `optimize` is instant; `slow_optimize` reports progress for SUPEROPT_TEST_DELAY_S seconds first
   (workers load them with `--optimizer db_fixtures:slow_optimize`, tests/ on PYTHONPATH).
+- `resign(db)`: sign every row again with the database's key, as a holder of the key could.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from typing import Any
 
 import psycopg
 import pytest
+from sqlalchemy import select
 from sqlalchemy.engine import make_url
 
 from superopt import workloads
@@ -32,6 +34,10 @@ from superopt.assignments import enumerate_assignments
 from superopt.build import unfused_baseline
 from superopt.config import SearchConfig
 from superopt.costmodel import estimate, floor
+from superopt.db.engine import Database
+from superopt.db.integrity import candidate_fields, signer_for, winner_fields
+from superopt.db.models import Candidate as CandidateRow
+from superopt.db.models import Winner, Workload
 from superopt.instantiate import instantiate
 from superopt.program import Program
 from superopt.result import Candidate, Result, SearchStats, Verdict
@@ -65,6 +71,17 @@ def database_url(kind: str, tmp_path: Path) -> Iterator[str]:
     finally:
         with psycopg.connect(plain, autocommit=True) as conn:
             conn.execute(f"DROP SCHEMA {schema} CASCADE")
+
+
+def resign(db: Database) -> None:
+    """Sign every candidate and winner row again with the database's key: rows edited by an
+    insider who holds the key, which only the checks after the MACs can refuse."""
+    with db.write() as s:
+        signer = signer_for(s)
+        for c in s.scalars(select(CandidateRow)):
+            c.mac = signer.mac(candidate_fields(c, s.get_one(Workload, c.workload_id), c.target))
+        for w in s.scalars(select(Winner)):
+            w.mac = signer.mac(winner_fields(w, w.job.result))
 
 
 _VERDICTS: dict[tuple[str, str], Verdict] = {}

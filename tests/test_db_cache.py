@@ -11,7 +11,7 @@ import pytest
 from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
-from db_fixtures import BACKENDS, database_url, standin_result
+from db_fixtures import BACKENDS, database_url, resign, standin_result
 from sqlalchemy import func, select, text, update
 
 import superopt
@@ -162,6 +162,8 @@ def test_hit_on_identical_key_miss_on_any_key_field_change(db, monkeypatch):
 
 
 def test_tampered_program_json_is_a_miss_with_a_warning(db):
+    """Edited, the program fails the winner's MAC; signed again by a holder of the key, it still
+    has to re-hash to the key it is filed under."""
     cache = KernelCache(db)
     program = workloads.resolve("lora:ci")
     cache.store(standin_result(program))
@@ -169,10 +171,14 @@ def test_tampered_program_json_is_a_miss_with_a_warning(db):
     data["nodes"][0]["shape"] = [8, 32]  # twice the rows of X: still a valid program, but another one
     with db.write() as s:
         s.execute(update(Workload).values(program_json=json.dumps(data)))
+    with pytest.warns(CacheIntegrityWarning, match="winner row 1 fails its MAC"):
+        assert cache.lookup(program, H100) is None
+    resign(db)
     with pytest.warns(CacheIntegrityWarning, match="re-hashes to a different key"):
         assert cache.lookup(program, H100) is None
     with db.write() as s:
         s.execute(update(Workload).values(program_json="{not json"))
+    resign(db)
     with pytest.warns(CacheIntegrityWarning, match="stored program does not load"):
         assert cache.lookup(program, H100) is None
 
@@ -185,9 +191,9 @@ def test_tampered_kernel_row_is_a_miss_and_a_new_search_replaces_it(db):
         data = s.get(Candidate, first["kernel_id"]).data
     with db.write() as s:
         s.execute(update(Candidate).where(Candidate.id == first["kernel_id"]).values(data=data.replace('"gx"', '"gy"')))
-    with pytest.warns(CacheIntegrityWarning, match="does not match its digest"):
+    with pytest.warns(CacheIntegrityWarning, match=f"candidate row {first['kernel_id']} fails its MAC"):
         assert cache.lookup(program, H100) is None
-    with pytest.raises(NotFound, match="damaged"):
+    with pytest.raises(NotFound, match="failed its integrity check"), pytest.warns(CacheIntegrityWarning):
         cache.kernel(first["kernel_id"])
     second = cache.store(standin_result(program))
     with warnings.catch_warnings():

@@ -1,0 +1,139 @@
+"""Keyed MACs over the kernel cache's rows: the database is not trusted (DESIGN.md §8).
+
+Anyone who can write the database (every worker and CLI host) could edit a stored winner, and a
+plain sha256 beside a row is recomputed as easily as the row is edited. So every candidate and
+winner row carries an HMAC-SHA256 over the canonical JSON of all its columns (but its creation
+time) and of the rows whose fields a hit serves with it: the program and target it answers, and
+for a winner its job's result summary and the MACs of its kernel, its baseline and its ranked
+candidates. Each MAC covers the row's id, so no signed row can stand in for another.
+
+The key is not in the database: SUPEROPT_SECRET, else a random key in a file created 0600 beside
+the SQLite database. A PostgreSQL database is shared by hosts that each need the same key, so
+without SUPEROPT_SECRET the key file in the user's cache directory is used, and a log line says so.
+A row without a MAC (written before rows were signed) or with a wrong one is never served.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import logging
+import os
+import secrets
+import threading
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy.engine import URL
+from sqlalchemy.orm import Session
+
+from superopt.db.engine import shown
+from superopt.db.models import Candidate, Target, Winner, Workload
+from superopt.digest import canonical_json
+from superopt.paths import cache_dir
+
+SECRET_ENV = "SUPEROPT_SECRET"
+KEY_FILE = "superopt.key"
+
+log = logging.getLogger(__name__)
+
+
+class Signer:
+    """MACs under one key."""
+
+    def __init__(self, key: bytes) -> None:
+        self._key = key
+
+    def mac(self, fields: dict[str, Any]) -> str:
+        return hmac.new(self._key, canonical_json(fields).encode(), hashlib.sha256).hexdigest()
+
+    def problem(self, fields: dict[str, Any], mac: str | None) -> str | None:
+        """Why a row's `mac` does not vouch for `fields`; None when it does."""
+        if mac is None:
+            return "has no MAC (it was written before rows were signed)"
+        if not hmac.compare_digest(self.mac(fields), mac):
+            return "fails its MAC (edited, or signed with another key)"
+        return None
+
+
+_signers: dict[tuple[str | None, Path | None], Signer] = {}
+_lock = threading.Lock()
+
+
+def signer_for(s: Session) -> Signer:
+    """The signer of the database `s` is bound to (its key read or created once per process)."""
+    url = s.get_bind().engine.url
+    secret = os.environ.get(SECRET_ENV) or None
+    path = None if secret else key_path(url)
+    with _lock:
+        if (secret, path) not in _signers:
+            if secret is not None:
+                key = secret.encode()
+            else:
+                assert path is not None
+                key = _read_or_create(path)
+                if url.get_backend_name() != "sqlite":
+                    log.warning("%s is not set: the kernel cache rows of %s are signed with the key in %s; "
+                                "hosts that share this database need the same key (set %s on each)",
+                                SECRET_ENV, shown(url), path, SECRET_ENV)
+            _signers[secret, path] = Signer(key)
+        return _signers[secret, path]
+
+
+def key_path(url: URL) -> Path:
+    """Beside an SQLite database; for a server database, in the user's cache directory."""
+    if url.get_backend_name() == "sqlite" and url.database:
+        return Path(url.database).resolve().parent / KEY_FILE
+    return cache_dir() / KEY_FILE
+
+
+def _read_or_create(path: Path) -> bytes:
+    """The key in `path`, made first when there is none. Processes opening one database together
+    (a service and its workers) race to make it: each writes a whole file of its own, readable by
+    its owner only, and links it into place; the first link wins and every process reads that one."""
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            with os.fdopen(fd, "w") as f:
+                f.write(secrets.token_hex(32) + "\n")
+            os.link(tmp, path)
+        except FileExistsError:
+            pass
+        finally:
+            tmp.unlink()
+    return path.read_text().strip().encode()
+
+
+# -- what each MAC covers ---------------------------------------------------------------------
+
+
+def candidate_fields(c: Candidate, workload: Workload, target: Target) -> dict[str, Any]:
+    return {
+        "table": "candidate", "id": c.id, "job_id": c.job_id, "rank": c.rank, "data": c.data, "digest": c.digest,
+        "time_us": float(c.time_us), "time_source": c.time_source,
+        "estimated_us": None if c.estimated_us is None else float(c.estimated_us), "proved": bool(c.proved),
+        "kernels": int(c.kernels), "workload": _workload(workload), "target": _target(target),
+    }
+
+
+def winner_fields(w: Winner, summary: dict[str, Any] | None) -> dict[str, Any]:
+    """`w` with its workload and target rows loaded; `summary` its job's result. The rows it
+    names (its kernel, its baseline, its job's ranked candidates) are each signed with their ids,
+    so naming them binds their content: none can be edited or stand in for another."""
+    return {
+        "table": "winner", "id": w.id, "config_hash": w.config_hash, "version": w.version, "job_id": w.job_id,
+        "candidate_id": w.candidate_id, "baseline_id": w.baseline_id, "ranked_ids": w.ranked_ids,
+        "time_us": float(w.time_us), "workload": _workload(w.workload), "target": _target(w.target),
+        "summary": summary,
+    }
+
+
+def _workload(w: Workload) -> dict[str, Any]:
+    return {"id": w.id, "program_hash": w.program_hash, "shapes": w.shapes, "dtypes": w.dtypes, "name": w.name,
+            "program_json": w.program_json}
+
+
+def _target(t: Target) -> dict[str, Any]:
+    return {"id": t.id, "fingerprint": t.fingerprint, "name": t.name, "measured": bool(t.measured)}

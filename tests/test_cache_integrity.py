@@ -1,0 +1,260 @@
+"""The cache cannot be forged: keyed MACs, re-proof, regenerated CUDA and canonical names.
+
+An editor of the database used to turn a stored winner's sGraph into another computation (square
+-> exp), recompute the sha256 beside the row, and have it served as a proved cache hit; edited
+times and results were served unnoticed. Every row is now signed with a key the database does not
+hold, a kernel is proved again before it is served (a wrong sGraph signed with the key is refused
+too), and its CUDA is generated again from the sGraph served.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import stat
+import warnings
+
+import pytest
+from alembic import command
+from db_fixtures import BACKENDS, database_url, resign, standin_result
+from sqlalchemy import select, update
+from typer.testing import CliRunner
+
+from superopt import workloads
+from superopt.cli import app
+from superopt.db import recheck
+from superopt.db.cache import KernelCache
+from superopt.db.engine import open_database
+from superopt.db.errors import CacheIntegrityWarning, NotFound
+from superopt.db.integrity import KEY_FILE, SECRET_ENV
+from superopt.db.migrate import alembic_config
+from superopt.db.models import Candidate, Job, Winner
+from superopt.program import Program
+from superopt.result import Result
+from superopt.targets import TARGETS, fingerprint
+from superopt.verifier.verify import verify
+
+H100 = fingerprint(TARGETS["h100"])
+runner = CliRunner()
+
+
+@pytest.fixture(autouse=True)
+def own_key(tmp_path, monkeypatch):
+    """Keys made for these tests stay in their folders (PostgreSQL's in the cache directory)."""
+    monkeypatch.delenv(SECRET_ENV, raising=False)
+    monkeypatch.setenv("SUPEROPT_CACHE_DIR", str(tmp_path / "cache"))
+
+
+@pytest.fixture(params=BACKENDS)
+def url(request, tmp_path):
+    with database_url(request.param, tmp_path) as u:
+        yield u
+
+
+@pytest.fixture
+def db(url):
+    database = open_database(url)
+    yield database
+    database.close()
+
+
+def with_cuda(result: Result) -> Result:
+    """The stand-in result with its winner's CUDA, as `superopt.api` attaches it."""
+    code = recheck.generate_code(result.best.sgraph, result.best.params, TARGETS["h100"])
+    assert code is not None
+    result.best.cuda, result.best.launch = code
+    return result
+
+
+def stored(db) -> tuple[KernelCache, Program, dict]:
+    """rms_norm(X) @ W stored, its kernel averaging squares of X: what the forger turns into exp."""
+    cache = KernelCache(db)
+    program = workloads.resolve("rmsnorm_matmul:ci")
+    summary = cache.store(with_cuda(standin_result(program)))
+    return cache, program, summary
+
+
+def clean(cache: KernelCache, program: Program) -> Result:
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        hit = cache.lookup(program, H100)
+    assert hit is not None
+    return hit
+
+
+def forge_kernel(db, kernel_id: int) -> None:
+    """square -> exp in the stored sGraph, with the plain sha256 beside the row recomputed."""
+    with db.write() as s:
+        row = s.get_one(Candidate, kernel_id)
+        assert '"op":"square"' in row.data
+        row.data = row.data.replace('"op":"square"', '"op":"exp"')
+        row.digest = hashlib.sha256(row.data.encode()).hexdigest()
+
+
+def test_a_clean_hit_is_served_with_its_verdict(db):
+    cache, program, summary = stored(db)
+    hit = clean(cache, program)
+    assert hit.cache_hit and hit.best.verdict is not None and hit.best.verdict.proved
+    assert hit.best.cuda is not None and hit.best.launch[0]["args"] == ["X", "W", "O"]
+    kernel = cache.kernel(summary["kernel_id"])
+    assert kernel["verdict"]["proved"] and kernel["cuda"] == hit.best.cuda
+    assert [e.kernel_id for e in cache.entries()] == [summary["kernel_id"]]
+
+
+def test_a_forged_sgraph_with_its_sha256_recomputed_is_refused(db):
+    cache, program, summary = stored(db)
+    forge_kernel(db, summary["kernel_id"])
+    with pytest.warns(CacheIntegrityWarning, match=f"candidate row {summary['kernel_id']} fails its MAC"):
+        assert cache.lookup(program, H100) is None
+    with pytest.raises(NotFound, match="failed its integrity check"), pytest.warns(CacheIntegrityWarning):
+        cache.kernel(summary["kernel_id"])
+
+
+EDITS = {
+    "winner time": lambda ids: update(Winner).values(time_us=0.001),
+    "kernel time": lambda ids: update(Candidate).where(Candidate.id == ids["kernel_id"]).values(time_us=0.001),
+    "baseline time": lambda ids: update(Candidate).where(Candidate.id == ids["baseline_id"]).values(time_us=1e9),
+    "winner pointed at the baseline": lambda ids: update(Winner).values(candidate_id=ids["baseline_id"]),
+    "verdict": lambda ids: update(Candidate).where(Candidate.id == ids["kernel_id"]).values(proved=False),
+    "result summary": lambda ids: update(Job).values(result={**ids, "speedup": 1000.0}),
+}
+LISTED = {"winner time", "baseline time", "winner pointed at the baseline", "result summary"}
+
+
+@pytest.mark.parametrize("edit", EDITS)
+def test_edited_times_and_results_are_refused(db, edit):
+    cache, program, summary = stored(db)
+    with db.write() as s:
+        s.execute(EDITS[edit](summary))
+    with pytest.warns(CacheIntegrityWarning, match="fails its MAC"):
+        assert cache.lookup(program, H100) is None
+    if edit in LISTED:  # the listing (`cache ls`, GET /cache) serves these too
+        with pytest.warns(CacheIntegrityWarning, match="not listed"):
+            assert cache.entries() == []
+    cache.store(with_cuda(standin_result(program)))  # a forged winner (0.001 us) keeps no new one out
+    clean(cache, program)
+
+
+def test_a_wrong_sgraph_signed_with_the_key_is_refused_by_its_proof(db):
+    """A leaked key signs anything: the kernel is proved again before it is served."""
+    cache, program, summary = stored(db)
+    forge_kernel(db, summary["kernel_id"])
+    resign(db)
+    with pytest.warns(CacheIntegrityWarning, match="not proved again"):
+        assert cache.lookup(program, H100) is None
+    with pytest.raises(NotFound, match="not proved again"), pytest.warns(CacheIntegrityWarning):
+        cache.kernel(summary["kernel_id"])
+
+
+def test_a_ranked_row_taken_from_the_winner_is_noticed(db):
+    """Each ranked row is signed, and the winner names them: one dropped from the ranking (here by
+    a holder of the key, who signs the rows again) no longer matches."""
+    cache, program, summary = stored(db)
+    with db.write() as s:
+        s.execute(update(Candidate).where(Candidate.id == summary["baseline_id"]).values(rank=None))
+    resign(db)
+    with pytest.warns(CacheIntegrityWarning, match="ranked candidates are not rows"):
+        assert cache.lookup(program, H100) is None
+
+
+def test_a_kernel_is_proved_again_once_per_row_and_mac(db, monkeypatch):
+    cache, program, _ = stored(db)
+    proofs: list[str] = []
+    prove = recheck._prove
+    monkeypatch.setattr(recheck, "_prove", lambda *a: proofs.append("proof") or prove(*a))
+    clean(cache, program)
+    clean(cache, program)
+    assert len(proofs) == 1
+    resign(db)  # the same content signed again with the same key: the same MAC, no second proof
+    clean(cache, program)
+    assert len(proofs) == 1
+
+
+def test_cache_verify_lists_the_bad_rows(db, url):
+    cache, _, summary = stored(db)
+    other = cache.store(standin_result(workloads.resolve("lora:ci")))
+    res = runner.invoke(app, ["cache", "verify", "--db", url])
+    assert res.exit_code == 0 and "rows checked: none is bad" in res.stdout, res.output
+    forge_kernel(db, summary["kernel_id"])
+    with db.write() as s:
+        s.execute(update(Winner).where(Winner.candidate_id == other["kernel_id"]).values(time_us=0.001))
+    res = runner.invoke(app, ["cache", "verify", "--db", url])
+    assert res.exit_code == 1 and "bad rows" in res.stdout and "fails its MAC" in res.stdout, res.output
+    report = json.loads(runner.invoke(app, ["cache", "verify", "--db", url, "--json"]).stdout)
+    bad = {(b["table"], b["id"]) for b in report["bad"]}
+    assert bad == {("winner", 1), ("winner", 2), ("candidate", summary["kernel_id"])}
+    resign(db)  # signed with the key: the proof and the CUDA regeneration still find the forged kernel
+    report = json.loads(runner.invoke(app, ["cache", "verify", "--db", url, "--json"]).stdout)
+    problems = {(b["table"], b["id"]): " ".join(b["problems"]) for b in report["bad"]}
+    assert set(problems) == {("winner", 1), ("candidate", summary["kernel_id"])}
+    assert "not proved again" in problems["winner", 1]
+    assert "not proved again" in problems["candidate", summary["kernel_id"]]
+    assert "differ from those its sGraph generates" in problems["candidate", summary["kernel_id"]]
+
+
+def test_rows_written_before_rows_were_signed_are_misses(db):
+    cache, program, _ = stored(db)
+    cfg = alembic_config()
+    with db.writer.connect() as conn:
+        cfg.attributes["connection"] = conn
+        command.downgrade(cfg, "0001")
+        command.upgrade(cfg, "head")
+        conn.commit()
+    with pytest.warns(CacheIntegrityWarning, match="has no MAC"):
+        assert cache.lookup(program, H100) is None
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_the_key(backend, tmp_path, monkeypatch, caplog):
+    """SQLite: a key file made 0600 beside the database. PostgreSQL without SUPEROPT_SECRET: the
+    key file in the user's cache directory, said in a log line. SUPEROPT_SECRET: that key."""
+    with database_url(backend, tmp_path) as u, caplog.at_level(logging.WARNING, "superopt.db.integrity"):
+        db = open_database(u)
+        cache, program, _ = stored(db)
+        key = (tmp_path if backend == "sqlite" else tmp_path / "cache") / KEY_FILE
+        assert stat.S_IMODE(key.stat().st_mode) == 0o600 and len(key.read_text().strip()) == 64
+        logged = [r.getMessage() for r in caplog.records]
+        if backend == "sqlite":
+            assert logged == []
+        else:
+            assert len(logged) == 1 and SECRET_ENV in logged[0] and str(key) in logged[0]
+        clean(cache, program)
+        monkeypatch.setenv(SECRET_ENV, "another key")
+        with pytest.warns(CacheIntegrityWarning, match="fails its MAC"):
+            assert cache.lookup(program, H100) is None
+        cache.store(standin_result(program))
+        clean(cache, program)
+        db.close()
+
+
+def _renamed(program: Program, names: dict[str, str]) -> Program:
+    data = program.to_json()
+    text = json.dumps(data)
+    for old, new in names.items():
+        text = text.replace(f'"{old}"', f'"{new}"')
+    return Program.from_json(json.loads(text))
+
+
+def test_one_winner_answers_every_naming_of_its_program(db):
+    """Optimize P (X, W), then force a search of the same program named (A, B): the forced
+    search's winner replaced the first, and every later lookup of P under X, W missed. Winners
+    are stored under canonical names and renamed for whoever asks."""
+    from superopt.api import optimize
+
+    cache = KernelCache(db)
+    p = workloads.resolve("rmsnorm_matmul:ci")
+    q = _renamed(p, {"X": "A", "W": "B", "O": "Out", "rms_norm_1": "n"})
+    assert q.canonical_hash() == p.canonical_hash()
+    cache.store(optimize(p, target="h100", cache=False, reuse=False))  # what `optimize` stores
+    cache.store(optimize(q, target="h100", cache=False, reuse=False, force=True))
+    [entry] = cache.entries()
+    assert entry.job_id == 2  # the forced search's winner is the one stored
+    with db.read() as s:
+        assert '"id":"$0"' in s.scalars(select(Candidate.data).where(Candidate.id == entry.kernel_id)).one()
+    for program in (p, q):
+        hit = clean(cache, program)
+        names = {n.id for n in program.inputs}
+        assert hit.program is program and {d.id for d in hit.best.sgraph.inputs} == names
+        assert hit.best.cuda is not None and set(hit.best.launch[0]["args"]) & {"X", "W", "A", "B"} == names
+        assert verify(program, hit.best.sgraph, target=TARGETS["h100"]).proved
