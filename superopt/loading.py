@@ -1,7 +1,8 @@
 """Loading what users name on the command line or send to the service: programs and sGraphs.
 
-A program is a built-in workload spec (`gqa`, `gqa:ci`) or a path to a program JSON file. An
-sGraph is a path to an sGraph JSON file, or `reference` / `baseline` for a built-in workload.
+A program is a built-in workload spec (`gqa`, `gqa:ci`), a path to a program JSON file, or a path
+to an ONNX model (`*.onnx`, imported with the `onnx` extra). An sGraph is a path to an sGraph JSON
+file, or `reference` / `baseline` for a built-in workload.
 """
 
 from __future__ import annotations
@@ -42,11 +43,24 @@ def load_program(spec: str) -> Program:
         raise LoadError(
             f"{spec!r} is neither a built-in workload ({', '.join(workloads.WORKLOADS)}) nor a program file"
         )
+    if spec.endswith(".onnx"):
+        return load_onnx(spec)
     data = read_json(spec)
     try:
         return Program.from_json(data)
     except ProgramError as e:
         raise ProgramError(f"{spec}: {e}") from None
+
+
+def load_onnx(path: str, name: str | None = None) -> Program:
+    """The program of an ONNX model file (its float initializers become inputs)."""
+    if not Path(path).is_file():
+        raise LoadError(f"no such file: {path}")
+    try:
+        from superopt.frontends.onnx_import import import_onnx
+    except ImportError as e:
+        raise LoadError(f"reading {path} needs the onnx package ({e}): pip install 'superopt[onnx]'") from None
+    return import_onnx(path, name)
 
 
 def load_sgraph(spec: str, program: Program, program_spec: str) -> SGraph:
