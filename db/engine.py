@@ -7,17 +7,24 @@ keeps them per connection. Every write transaction on SQLite starts with `BEGIN 
 it holds the single write lock from its first statement: two workers can never both read a job
 as queued and then both claim it, and no writer fails half-way on a lock upgrade. PostgreSQL
 needs neither; claims there use `FOR UPDATE SKIP LOCKED` (see superopt.db.jobs).
+
+The database may go away (a PostgreSQL restart, a failover): `unavailable` tells such errors from
+wrong statements, and `Retry` repeats a call through them with bounded, jittered exponential
+backoff, so that a worker waits for the database instead of exiting.
 """
 
 from __future__ import annotations
 
 import os
+import random
 import sqlite3
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from sqlalchemy import Engine, create_engine, event, exc
 from sqlalchemy.engine import URL, make_url
@@ -28,6 +35,10 @@ from superopt.paths import cache_dir
 
 ENV_URL = "SUPEROPT_DB_URL"
 BUSY_TIMEOUT_MS = 30_000
+# Seconds to wait for a PostgreSQL connection: a server behind a dropped route would otherwise
+# hold a worker's call, or an HTTP request, for as long as TCP keeps trying.
+CONNECT_TIMEOUT_S = 5
+T = TypeVar("T")
 
 
 def default_path() -> Path:
@@ -69,7 +80,7 @@ class Database:
         self.url = url
         self.backend = url.get_backend_name()
         sqlite = self.backend == "sqlite"
-        self.engine = _sqlite_engine(url) if sqlite else create_engine(url, pool_pre_ping=True)
+        self.engine = _sqlite_engine(url) if sqlite else _postgres_engine(url)
         # Transactions of `writer` take SQLite's write lock up front (it is the plain engine elsewhere).
         self.writer = self.engine.execution_options(sqlite_begin="IMMEDIATE") if sqlite else self.engine
         self._reads = sessionmaker(self.engine, expire_on_commit=False)
@@ -86,11 +97,101 @@ class Database:
         with self._writes.begin() as s:
             yield s
 
+    def ping(self) -> None:
+        """One round trip (`SELECT 1`); raises what `unavailable` recognizes when the database is
+        unreachable. A fresh connection is taken, so a health check says what a request would meet."""
+        with self.engine.connect() as conn:
+            conn.exec_driver_sql("SELECT 1")
+
     def close(self) -> None:
         self.engine.dispose()
 
     def __repr__(self) -> str:
         return f"Database({shown(self.url)!r})"
+
+
+# The sqlite3 module raises OperationalError for wrong statements too ("no such table", syntax);
+# these are the messages of a database that may answer later.
+SQLITE_TRANSIENT = ("database is locked", "database table is locked", "unable to open database file",
+                    "disk i/o error")
+
+
+def unavailable(e: BaseException) -> bool:
+    """Whether `e` says the database could not be reached or could not answer in time (server
+    down or restarting, connection refused or cut, pool exhausted, SQLite locked past its busy
+    timeout), rather than that a statement was wrong: only the former passes by trying again."""
+    if isinstance(e, exc.DBAPIError) and e.connection_invalidated:
+        return True
+    if isinstance(e, exc.OperationalError) and isinstance(e.orig, sqlite3.Error):
+        return any(message in str(e.orig).lower() for message in SQLITE_TRANSIENT)
+    return isinstance(e, exc.OperationalError | exc.InterfaceError | exc.TimeoutError)
+
+
+def reason(e: BaseException) -> str:
+    """The first line of the driver's message: what an operator needs, without the SQL."""
+    orig = getattr(e, "orig", None) or e
+    return (str(orig).strip().splitlines() or [type(orig).__name__])[0]
+
+
+class DatabaseUnavailable(StoreError):
+    """The database stayed unreachable for a whole retry window (or a stop was asked meanwhile)."""
+
+
+@dataclass
+class Retry:
+    """Repeats a database call while the database is unavailable: exponential backoff from
+    `first_s`, capped at `max_s`, with jitter (each wait is drawn from its upper half, so that
+    workers that lost the database together do not come back in step), for at most `window_s`
+    seconds in all; then DatabaseUnavailable. Every failed try and the recovery are logged.
+
+    The cap bounds how long after the database returns a caller notices; the window bounds how
+    long a caller waits before it gives up (a worker then exits, for its supervisor to see)."""
+
+    window_s: float = 600.0
+    first_s: float = 0.25
+    max_s: float = 5.0
+    log: Callable[[str], None] = lambda _line: None
+    stop: threading.Event = field(default_factory=threading.Event)
+
+    def delay(self, failures: int) -> float:
+        """The wait after the `failures`-th failure in a row."""
+        ceiling = min(self.max_s, self.first_s * 2 ** (failures - 1))
+        return random.uniform(ceiling / 2, ceiling)
+
+    def __call__(self, what: str, call: Callable[[], T]) -> T:
+        """`call()`, tried again after each failure that `unavailable` recognizes."""
+        start = time.monotonic()
+        failures = 0
+        while True:
+            try:
+                result = call()
+            except exc.SQLAlchemyError as e:
+                if not unavailable(e):
+                    raise
+                failures += 1
+                self._wait_after(what, e, failures, time.monotonic() - start)
+                continue
+            if failures:
+                self.log(f"database reachable again ({what}) after {time.monotonic() - start:.1f} s")
+            return result
+
+    def _wait_after(self, what: str, e: exc.SQLAlchemyError, failures: int, waited: float) -> None:
+        """Sleep before the next try, or raise DatabaseUnavailable when the window is spent or a
+        stop was asked. A stop cuts a sleep short for one more try: a job's end may yet be written."""
+        wait = min(self.delay(failures), self.window_s - waited)
+        if wait <= 0:
+            raise DatabaseUnavailable(f"database unreachable for {waited:.1f} s ({what}): {reason(e)}") from e
+        if self.stop.is_set():
+            raise DatabaseUnavailable(f"stopped while the database was unreachable ({what})") from e
+        self.log(f"database unreachable ({what}, try {failures}): {reason(e)}; next try in {wait:.1f} s")
+        self.stop.wait(wait)
+
+
+def _postgres_engine(url: URL) -> Engine:
+    """Connections checked before use (a restarted server left the pooled ones dead) and opened
+    within CONNECT_TIMEOUT_S unless the URL says otherwise."""
+    timeout = {} if "connect_timeout" in url.query else {"connect_timeout": CONNECT_TIMEOUT_S}
+    return create_engine(url, pool_pre_ping=True, connect_args=timeout)
 
 
 def _sqlite_engine(url: URL) -> Engine:

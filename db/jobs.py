@@ -4,7 +4,15 @@ A worker claims the oldest queued job and holds it under a lease that its heartb
 later write of that worker names its claim (job, worker, attempt), so a worker that lost its job
 (its lease expired and another worker took it, or a user cancelled it) can no longer touch it:
 each job finishes exactly once. A job whose lease has expired returns to the queue, up to
-`max_attempts` claims, then fails.
+`max_attempts` claims, then fails: a worker that cannot reach the database to renew or to end its
+job (an outage) loses it to the next worker that claims once the database is back, so no job
+stays `running` past its lease while any worker is alive.
+
+Twins (one program, search config and target) never search at once: the later waits and is then
+a cache hit. "auto" is resolved first, as the claiming worker resolves it (its GPU, else h100
+estimates), so an "auto" job and an "h100" job are twins on a worker without a GPU. A submission
+with an idempotency key that was used before answers the job it made (a client retrying a POST
+whose answer it lost), provided the request is the same.
 
 Claims lock rows with `FOR UPDATE SKIP LOCKED` on PostgreSQL, so workers never wait on each other;
 on SQLite the whole claim runs under the write lock (`BEGIN IMMEDIATE`, see superopt.db.engine).
@@ -12,6 +20,8 @@ on SQLite the whole claim runs under the write lock (`BEGIN IMMEDIATE`, see supe
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import json
 import math
 from collections.abc import Collection
@@ -19,22 +29,43 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import exists, or_, select, update
-from sqlalchemy.orm import Session, aliased, joinedload
+from sqlalchemy import ColumnElement, case, exists, func, or_, select, update
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import InstrumentedAttribute, Session, aliased, joinedload
 
 from superopt.canonical import input_names
 from superopt.config import DEFAULT_BUDGET_S, SearchConfig
 from superopt.db.cache import Hit, hit_in, progress_of, store_in, workload_in
 from superopt.db.engine import Database
-from superopt.db.errors import Conflict, NotFound, stored_id
+from superopt.db.errors import Conflict, NotFound, RequestError, stored_id
 from superopt.db.keys import CacheKey
 from superopt.db.models import Job, JobState, utcnow
 from superopt.program import Program
 from superopt.result import Result
-from superopt.targets import fingerprint
+from superopt.targets import TARGETS, fingerprint
 from superopt.targets import target as costmodel_target
 
 DEFAULT_LEASE_S = 60.0
+AUTO_FALLBACK = "h100"  # what "auto" means without a GPU (the optimizer's rule: local GPU, else h100 estimates)
+
+
+def resolve_fingerprint(target: str) -> str:
+    """The cache identity of a job's target on this host: a named cost-model target, or for "auto"
+    the local GPU when there is one, else the fallback cost-model target."""
+    if target != "auto":
+        return fingerprint(costmodel_target(target))
+    return _auto_fingerprint()
+
+
+@functools.cache
+def _auto_fingerprint() -> str:
+    """Looked up once per process: the GPU a worker drives does not change under it."""
+    from superopt.runtime import GpuUnavailable, device_fingerprint, fingerprint_text
+
+    try:
+        return fingerprint_text(device_fingerprint())
+    except GpuUnavailable:
+        return fingerprint(costmodel_target(AUTO_FALLBACK))
 
 
 @dataclass(frozen=True)
@@ -98,26 +129,56 @@ class JobQueue:
     def submit(
         self, program: Program, *, target: str = "auto", config: SearchConfig | None = None,
         budget_s: float | None = DEFAULT_BUDGET_S, max_states: int | None = None, force: bool = False,
-        max_attempts: int = 3,
+        max_attempts: int = 3, idempotency_key: str | None = None,
     ) -> JobView:
         """Queue a job; one for a named target whose answer is cached finishes at once (unless `force`).
-        An "auto" target is resolved by the worker that claims it, which checks the cache then."""
+        An "auto" target is resolved by the worker that claims it, which checks the cache then.
+
+        With an `idempotency_key` used before, the job it made is answered instead of a new one
+        (a RequestError when the request differs), also when two submissions with it race."""
         config = config or SearchConfig()
+        digest = None
+        if idempotency_key is not None:
+            digest = _request_digest(program, target, config, budget_s, max_states, force, max_attempts)
+            earlier = self._keyed(idempotency_key, digest)
+            if earlier is not None:
+                return earlier
         hit = None
         if not force and target != "auto":
             with self.db.read() as s:
                 key = CacheKey.of(program, fingerprint(costmodel_target(target)), config)
                 hit = hit_in(s, key, budget_s=budget_s, max_states=max_states)
-        with self.db.write() as s:
-            job = Job(
-                workload_id=workload_in(s, program).id, program_json=json.dumps(program.to_json()), target=target,
-                config=config.to_json(), config_hash=config.hash(), budget_s=budget_s, max_states=max_states,
-                force=force, max_attempts=max_attempts, progress={},
-            )
-            if hit is not None:
-                _answer(job, hit)
-            s.add(job)
-            s.flush()
+        try:
+            with self.db.write() as s:
+                job = Job(
+                    workload_id=workload_in(s, program).id, program_json=json.dumps(program.to_json()),
+                    target=target, config=config.to_json(), config_hash=config.hash(), budget_s=budget_s,
+                    max_states=max_states, force=force, max_attempts=max_attempts, progress={},
+                    idempotency_key=idempotency_key, request_digest=digest,
+                )
+                if hit is not None:
+                    _answer(job, hit)
+                s.add(job)
+                s.flush()
+                return _view(job)
+        except IntegrityError:
+            # A concurrent submission with the same key inserted first: answer its job.
+            raced = self._keyed(idempotency_key, digest) if idempotency_key is not None else None
+            if raced is None:
+                raise
+            return raced
+
+    def _keyed(self, idempotency_key: str, digest: str | None) -> JobView | None:
+        """The job an earlier submission with this key made (None: none did); a RequestError
+        naming that job when its request was another."""
+        with self.db.read() as s:
+            q = select(Job).where(Job.idempotency_key == idempotency_key).options(joinedload(Job.workload))
+            job = s.scalars(q).first()
+            if job is None:
+                return None
+            if job.request_digest != digest:
+                raise RequestError("idempotency-key", f"already used for job {job.id} with a different request; "
+                                                      "a new request needs a new key")
             return _view(job)
 
     def get(self, job_id: int) -> JobView:
@@ -141,17 +202,19 @@ class JobQueue:
     # -- workers -------------------------------------------------------------------------------
     def claim(self, worker_id: str, only: Collection[int] | None = None) -> Claim | None:
         """Take the oldest queued job (among `only`, if given), after returning expired ones to the
-        queue. A job whose twin (same program, target and configuration) is running waits unless
-        it is forced: once the twin's winner is stored it is a cache hit, where two workers would
-        each search and the later store replace the earlier's winner."""
+        queue. A job whose twin (same program, resolved target and configuration) is running
+        waits unless it is forced: once the twin's winner is stored it is a cache hit, where two
+        workers would each search and the later store replace the earlier's winner."""
         if not self._claimable(only):
             return None  # an idle worker only reads: it never queues for the write lock
         with self.db.write() as s:
             self._requeue_expired(s)
             twin = aliased(Job)
+            # A twin claimed by a worker of a version before target_fingerprint: resolved as here.
+            twin_target = func.coalesce(twin.target_fingerprint, _resolved(twin.target))
             twin_running = exists().where(
-                twin.state == JobState.running.value, twin.workload_id == Job.workload_id, twin.target == Job.target,
-                twin.config_hash == Job.config_hash)
+                twin.state == JobState.running.value, twin.workload_id == Job.workload_id,
+                twin_target == _resolved(Job.target), twin.config_hash == Job.config_hash)
             q = (select(Job).where(Job.state == JobState.queued.value, or_(Job.force, ~twin_running))
                  .order_by(Job.id).limit(1))
             if only is not None:
@@ -164,6 +227,7 @@ class JobQueue:
             job.worker_id = worker_id
             job.attempts += 1
             job.lease_expires_at = now + timedelta(seconds=self.lease_s)
+            job.target_fingerprint = resolve_fingerprint(job.target)
             job.started_at = now
             job.progress = {"phase": "claimed"}
             return Claim(
@@ -218,8 +282,7 @@ class JobQueue:
     def release(self, claim: Claim) -> bool:
         """Give a job back to the queue at once (a worker stopping), without waiting for its lease."""
         with self.db.write() as s:
-            values = {"state": JobState.queued.value, "worker_id": None, "lease_expires_at": None, "progress": {}}
-            return s.execute(update(Job).where(*_fence(claim)).values(**values)).rowcount == 1
+            return s.execute(update(Job).where(*_fence(claim)).values(**_queued())).rowcount == 1
 
     def _claimable(self, only: Collection[int] | None) -> bool:
         """Whether a claim could find work: a queued job, or a running one whose lease expired."""
@@ -240,11 +303,30 @@ class JobQueue:
                              f"({job.worker_id}) stopped renewing its lease")
                 _end(job, JobState.failed)
             else:
-                job.state = JobState.queued.value
-                job.worker_id = None
-                job.lease_expires_at = None
-                job.progress = {}
+                for column, value in _queued().items():
+                    setattr(job, column, value)
         return n
+
+
+def _queued() -> dict[str, Any]:
+    """A job given back to the queue: no worker, lease or resolved target ("auto" may resolve
+    otherwise on the next worker)."""
+    return {"state": JobState.queued.value, "worker_id": None, "lease_expires_at": None, "target_fingerprint": None,
+            "progress": {}}
+
+
+def _resolved(target: InstrumentedAttribute[str]) -> ColumnElement[str]:
+    """A job's target column as its cache identity on this host ("auto" as this worker resolves it)."""
+    names = {name: fingerprint(t) for name, t in TARGETS.items()}
+    return case({**names, "auto": resolve_fingerprint("auto")}, value=target, else_=target)
+
+
+def _request_digest(program: Program, target: str, config: SearchConfig, budget_s: float | None,
+                    max_states: int | None, force: bool, max_attempts: int) -> str:
+    """What makes two submissions the same request (key order and JSON spacing aside)."""
+    request = {"program": program.to_json(), "target": target, "config": config.to_json(), "budget_s": budget_s,
+               "max_states": max_states, "force": force, "max_attempts": max_attempts}
+    return hashlib.sha256(json.dumps(request, sort_keys=True).encode()).hexdigest()
 
 
 def _fence(claim: Claim) -> tuple[Any, ...]:

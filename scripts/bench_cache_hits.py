@@ -102,7 +102,7 @@ def main() -> None:
         firsts.append({"workload": spec, "first_hit_ms": round(first_ms, 1),
                        "proof_ms": round((time.perf_counter() - t0) * 1e3, 1)})
         rows.append(row("python lookup", spec, lambda p=program: cache.lookup(p, H100), args.n, args.rounds))
-    client = TestClient(create_app(db))
+    client = TestClient(create_app(db), base_url="http://127.0.0.1")
     for spec, program in programs.items():
         h = program.canonical_hash()
         rows.append(row("GET /cache", spec, lambda h=h: client.get("/cache", params={"hash": h}).json(), args.n,

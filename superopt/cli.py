@@ -25,6 +25,7 @@ from superopt.render import render_program, render_sgraph
 from superopt.search.space import UnsupportedProgram
 from superopt.sgraph import SGraphError, check_matches
 from superopt.sizes import SizeError
+from superopt.svg import render_svg
 from superopt.targets import TargetError
 from superopt.targets import target as get_target
 
@@ -94,23 +95,46 @@ def show(
     reference: Annotated[bool, typer.Option(help="show the workload's hand-written fused sGraph")] = False,
     baseline: Annotated[bool, typer.Option(help="show the program's unfused baseline sGraph")] = False,
     params: Annotated[str, typer.Option(help="symbol values to print with an sGraph, e.g. gx=8,F=4")] = "",
+    winner: Annotated[bool, typer.Option(help="show the optimizer's best schedule (from the kernel cache, else "
+                                              "searched as `superopt optimize` does)")] = False,
+    target: Annotated[str, typer.Option(help="target of --winner (h100, h200, a100, auto)")] = "auto",
+    db: Annotated[str | None, typer.Option(help="database of --winner (default: SUPEROPT_DB_URL or the SQLite "
+                                                "cache)")] = None,
+    svg: Annotated[Path | None, typer.Option("--svg", help="write the sGraph's picture here (a program: its "
+                                                           "unfused baseline)")] = None,
 ) -> None:
-    """Print a program or an sGraph."""
+    """Print a program or an sGraph, or draw the sGraph as SVG."""
     values = parse_params(params) if params else None
     if Path(spec).is_file() and kind_of(read_json(spec)) == "sgraph":
+        if winner:
+            raise LoadError("--winner goes with a program (a built-in workload or a program file), not an sGraph")
         sg = load_sgraph(spec, Program(), spec)
     else:
         program = load_program(spec)
         if params and not (reference or baseline):
             raise LoadError("--params goes with an sGraph (a file, --reference or --baseline), not a program")
-        if not (reference or baseline):
+        if reference + baseline + winner > 1:
+            raise LoadError("--reference, --baseline and --winner each show one sGraph: choose one")
+        if winner:
+            from superopt.api import optimize as run_optimize
+
+            result = run_optimize(program, target=target, db=db)
+            if svg is not None:
+                _write(svg, result.to_svg())
+                err.print(f"wrote {svg}", markup=False)
+            else:
+                out.print(render_sgraph(result.best.sgraph, result.best.params), markup=False)
+            return
+        if not (reference or baseline or svg):
             out.print(render_program(program), markup=False)
             return
-        if reference and baseline:
-            raise LoadError("--reference and --baseline each show one sGraph: choose one")
         sg = load_sgraph("reference" if reference else "baseline", program, spec)
     if values is not None:
         instantiate(sg, values, get_target("h100"))  # every symbol named, known and within its constraints
+    if svg is not None:
+        _write(svg, render_svg(sg, values))
+        err.print(f"wrote {svg}", markup=False)
+        return
     out.print(render_sgraph(sg, values), markup=False)
 
 
@@ -120,6 +144,25 @@ def check(file: Annotated[str, typer.Argument(help="program JSON file")]) -> Non
     """Validate a program JSON file and print its canonical hash."""
     program = Program.from_json(read_json(file))
     out.print(f"{program.canonical_hash()}  {program.name}", markup=False)
+
+
+@app.command("import")
+@user_errors
+def import_(
+    file: Annotated[str, typer.Argument(help="ONNX model file (needs the onnx extra)")],
+    output: Annotated[Path | None, typer.Option("-o", "--output", help="program JSON file to write (default: "
+                                                                      "stdout)")] = None,
+    name: Annotated[str | None, typer.Option(help="program name (default: the file's stem)")] = None,
+) -> None:
+    """Import an ONNX model as a program JSON file; its float initializers become inputs."""
+    from superopt.loading import load_onnx
+
+    program = load_onnx(file, name)
+    if output is None:
+        sys.stdout.write(program.dumps() + "\n")
+        return
+    _write(output, program.dumps() + "\n")
+    out.print(f"wrote {output}: {program.canonical_hash()}  {program.summary()}", markup=False)
 
 
 @app.command()
@@ -214,6 +257,7 @@ def optimize(
     workers: Annotated[int | None, typer.Option(min=1, help="Ray workers (default: in-process)")] = None,
     ray_address: Annotated[str | None, typer.Option(help="join a running Ray cluster")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print the JSON report")] = False,
+    svg: Annotated[Path | None, typer.Option("--svg", help="also write the winner's picture here")] = None,
 ) -> None:
     """Find, prove and time the fastest fused schedule of a program."""
     from superopt.api import optimize as run_optimize
@@ -228,6 +272,9 @@ def optimize(
         result = run_optimize(program, target=target, budget_s=budget_s, max_states=max_states, config=config,
                               force=force, cache=not no_cache, reuse=not no_cache, db=db, progress=progress,
                               workers=workers, ray_address=ray_address)
+    if svg is not None:
+        _write(svg, result.to_svg())
+        err.print(f"wrote {svg}", markup=False)
     if as_json:
         emit_json(result.report())
         return
@@ -442,7 +489,8 @@ def cancel(job_id: Annotated[int, typer.Argument(help="job id")], db: DbOption =
     out.print(f"job {job.id} {job.state.value}")
 
 
-cache_app = typer.Typer(no_args_is_help=True, help="The kernel cache: list, show, export and invalidate winners.")
+cache_app = typer.Typer(no_args_is_help=True,
+                        help="The kernel cache: list, show, export, invalidate and verify winners.")
 app.add_typer(cache_app, name="cache")
 
 
@@ -529,6 +577,26 @@ def cache_invalidate(
     out.print(f"invalidated {n} cached winner(s)")
 
 
+@cache_app.command("verify")
+@user_errors
+def cache_verify(db: DbOption = None, as_json: JsonOption = False) -> None:
+    """Audit every stored row: its MAC, its kernel proved again, its CUDA generated again (exit 1 when any is bad)."""
+    from superopt.db.audit import audit
+    from superopt.db.engine import open_database
+    from superopt.jobs_render import audit_table
+
+    report = audit(open_database(db, existing=True))
+    if as_json:
+        emit_json(report.to_json())
+    elif report.bad:
+        out.print(audit_table(report.bad))
+        out.print(f"{len(report.bad)} of {report.checked} rows are bad")
+    else:
+        out.print(f"{report.checked} rows checked: none is bad")
+    if report.bad:
+        raise typer.Exit(1)
+
+
 @app.command()
 @user_errors
 def batch(
@@ -586,6 +654,10 @@ def serve(
     host: Annotated[str, typer.Option(help="address to listen on")] = "127.0.0.1",
     port: Annotated[int, typer.Option(min=1, max=65535)] = 8000,
     max_body_bytes: Annotated[int, typer.Option(min=1024, help="largest request body accepted")] = 1 << 20,
+    body_timeout_s: Annotated[float, typer.Option(min=0.1, help="seconds a request body may take to arrive")] = 10.0,
+    allowed_host: Annotated[list[str] | None, typer.Option(
+        help="a Host name clients reach the service by, besides the loopback names and --host (repeatable; "
+             "'*': any; also $SUPEROPT_ALLOWED_HOSTS, comma-separated)")] = None,
     db: DbOption = None,
 ) -> None:
     """Serve jobs and the kernel cache over HTTP (set SUPEROPT_TOKEN to require a bearer token)."""
@@ -594,13 +666,18 @@ def serve(
     import uvicorn
 
     from superopt.db.engine import open_database
-    from superopt.service import create_app
+    from superopt.service import HOSTS_ENV, LOOPBACK_HOSTS, create_app
 
     token = os.environ.get("SUPEROPT_TOKEN") or None
     database = open_database(db)
     if token is None and host not in ("127.0.0.1", "localhost", "::1"):
         err.print(f"warning: serving on {host} without SUPEROPT_TOKEN: anyone who reaches it can submit jobs")
-    uvicorn.run(create_app(database, token=token, max_body_bytes=max_body_bytes), host=host, port=port)
+    from_env = [h for h in os.environ.get(HOSTS_ENV, "").split(",") if h.strip()]
+    bound = [] if host in ("0.0.0.0", "::") else [host]  # a wildcard address is no name clients use
+    hosts = [*LOOPBACK_HOSTS, *bound, *from_env, *(allowed_host or [])]
+    service = create_app(database, token=token, max_body_bytes=max_body_bytes, allowed_hosts=hosts,
+                      body_timeout_s=body_timeout_s)
+    uvicorn.run(service, host=host, port=port)
 
 
 @app.command()
@@ -612,6 +689,8 @@ def worker(
     workers: Annotated[int | None, typer.Option(min=1, help="Ray workers for each job's search")] = None,
     lease_s: Annotated[float, typer.Option(min=1.0, help="seconds a job stays ours without a heartbeat")] = 60.0,
     poll_s: Annotated[float, typer.Option(min=0.01, help="seconds between looks at an empty queue")] = 1.0,
+    db_retry_s: Annotated[float, typer.Option(min=0.0, help="seconds to keep retrying an unreachable database "
+                                                            "before exiting")] = 600.0,
     optimizer: OptimizerOption = None,
 ) -> None:
     """Claim and run jobs from the queue; SIGTERM or Ctrl-C hands the current job back."""
@@ -625,7 +704,7 @@ def worker(
 
     w = Worker(
         open_database(db), optimize=load_optimizer(optimizer), lease_s=lease_s, poll_s=poll_s,
-        ray_address=ray_address, workers=workers, log=lambda line: out.print(line, markup=False),
+        ray_address=ray_address, workers=workers, db_retry_s=db_retry_s, log=lambda line: out.print(line, markup=False),
     )
     err.print(f"worker {w.id} ({w.queue.db})", markup=False)
     previous = signal.signal(signal.SIGTERM, stop)

@@ -71,10 +71,10 @@ class JobRequest(BaseModel):
     def search_config(self) -> SearchConfig:
         return self.config.to_config() if self.config else SearchConfig()
 
-    def submit_to(self, queue: JobQueue, program: Program) -> JobView:
+    def submit_to(self, queue: JobQueue, program: Program, idempotency_key: str | None = None) -> JobView:
         return queue.submit(
             program, target=self.target, config=self.search_config(), budget_s=self.budget_s,
-            max_states=self.max_states, force=self.force,
+            max_states=self.max_states, force=self.force, idempotency_key=idempotency_key,
         )
 
     def build_program(self, files_under: Path | None = None) -> Program:
@@ -120,7 +120,7 @@ def request_error(errors: Sequence[Any]) -> RequestError:
     if err["type"] == "json_invalid":
         return RequestError("body", f"not valid JSON ({err.get('ctx', {}).get('error', err['msg'])})")
     loc = tuple(err["loc"])
-    if loc[:1] in (("body",), ("path",), ("query",)):
+    if loc[:1] in (("body",), ("path",), ("query",), ("header",)):
         loc = loc[1:]
     field = ".".join(str(p) for p in loc) or "body"
     if err["type"] == "extra_forbidden":

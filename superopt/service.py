@@ -2,40 +2,62 @@
 
 It only reads and writes rows: searches run in workers (`superopt worker`), never in this
 process. Every request a client gets wrong is answered 4xx with `{"detail": "FIELD: problem",
-"field": "FIELD"}` and writes nothing. With a token (SUPEROPT_TOKEN) every route but /health
-needs `Authorization: Bearer TOKEN`. Request bodies are capped in size before they are parsed.
+"field": "FIELD"}` and writes nothing. With a token (SUPEROPT_TOKEN) every route but the health
+checks needs `Authorization: Bearer TOKEN`, the API docs too (/docs, /redoc, /openapi.json).
+
+What the network may send is bounded: a Host header outside the allow-list (the loopback names by
+default: a DNS-rebinding page reaches a loopback service under its own name) is answered 421;
+request bodies are capped in size (413) and must arrive within a deadline (408), so a client that
+announces more than it sends does not hold a connection. While the database is unreachable every
+route that needs it answers 503 with Retry-After, and the health checks say so.
 
     POST   /jobs            {"program": <program JSON or built-in name>, "target", "budget_s", ...}
+                            Idempotency-Key header: a retried submission answers the same job
     GET    /jobs/{id}       {"id", "state", "progress", "error", "result", ...}
     DELETE /jobs/{id}       cancel
     GET    /cache?hash=&target=
     GET    /kernels/{id}    sGraph, parameters, CUDA source, verdict, times
-    GET    /health
+    GET    /health          version and database status (503 while the database is unreachable)
+    GET    /health/live     the process answers
+    GET    /health/ready    the database answers (503 while it does not)
 """
 
 # No `from __future__ import annotations`: FastAPI reads the route signatures, whose annotations
 # name objects local to create_app.
+import asyncio
+import logging
 import secrets
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Annotated, Any
 
-from fastapi import Depends, FastAPI, Query, Request
+from fastapi import Depends, FastAPI, Header, Query, Request
 from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import HTTPException, RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html
+from fastapi.responses import HTMLResponse, JSONResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from sqlalchemy.exc import InterfaceError, OperationalError, SQLAlchemyError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 import superopt
 from superopt.db.cache import KernelCache
-from superopt.db.engine import Database
+from superopt.db.engine import Database, reason, unavailable
 from superopt.db.errors import Conflict, NotFound, RequestError
 from superopt.db.jobs import JobQueue
 from superopt.jobspec import JobRequest, request_error
 from superopt.jsontext import json_problem
+from superopt.limits import shown
 
 DEFAULT_MAX_BODY = 1 << 20  # 1 MiB: the largest built-in program JSON is a few KB
+DEFAULT_BODY_TIMEOUT_S = 10.0  # a 1 MiB body over loopback takes milliseconds
+LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "[::1]")
+HOSTS_ENV = "SUPEROPT_ALLOWED_HOSTS"
+RETRY_AFTER_S = 5  # what a client told 503 should wait: a worker's longest backoff step
+IDEMPOTENCY_KEY = r"^[!-~]{1,200}$"  # visible ASCII: a UUID, a hash, a client's request id
+PRINTABLE = r"^[ -~]+$"  # ASCII text: what target names and fingerprints are made of (no NUL: PostgreSQL refuses it)
+log = logging.getLogger("superopt.service")
 
 
 class ApiError(HTTPException):
@@ -48,6 +70,11 @@ class ApiError(HTTPException):
 
 def _answer(status: int, field: str, detail: str, headers: Mapping[str, str] | None = None) -> JSONResponse:
     return JSONResponse({"detail": detail, "field": field}, status_code=status, headers=headers)
+
+
+def _unavailable() -> JSONResponse:
+    """503: the request may well succeed once the database is back, which Retry-After says."""
+    return _answer(503, "database", "database: unreachable; try again later", {"Retry-After": str(RETRY_AFTER_S)})
 
 
 class BodyLimit:
@@ -80,9 +107,80 @@ class BodyLimit:
         return f"request body is larger than {self.max_bytes} bytes"
 
 
-def create_app(db: Database, *, token: str | None = None, max_body_bytes: int = DEFAULT_MAX_BODY) -> FastAPI:
-    app = FastAPI(title="superopt", version=superopt.__version__, summary=__doc__.splitlines()[0])
+class BodyDeadline:
+    """Answer 408 (and close the connection) when a request's body has not fully arrived within
+    `seconds` of the first read: uvicorn waits for an announced body as long as the client keeps
+    the connection open, so a client that sends less than its Content-Length held a worker
+    thread and a connection forever."""
+
+    def __init__(self, app: ASGIApp, seconds: float) -> None:
+        self.app, self.seconds = app, seconds
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        loop = asyncio.get_running_loop()
+        deadline: float | None = None
+        complete = False
+
+        async def timed() -> Message:
+            nonlocal deadline, complete
+            if complete:  # the body is in: later reads wait for a disconnect, unbounded
+                return await receive()
+            deadline = deadline or loop.time() + self.seconds
+            try:
+                message = await asyncio.wait_for(receive(), max(0.0, deadline - loop.time()))
+            except TimeoutError:
+                raise ApiError(408, "body", f"the request body did not arrive within {self.seconds:g} s",
+                               {"Connection": "close"}) from None
+            complete = message["type"] != "http.request" or not message.get("more_body", False)
+            return message
+
+        await self.app(scope, timed, send)
+
+
+def host_name(value: str) -> str:
+    """The host of a Host header or an allow-list entry, without port, brackets, case or a final
+    dot: "[::1]:8000" -> "::1", "LocalHost.:80" -> "localhost"."""
+    v = value.strip().lower()
+    if v.startswith("["):
+        return v[1:v.index("]")] if "]" in v else v
+    name, colon, port = v.rpartition(":")
+    if colon and port.isdigit() and ":" not in name:
+        v = name
+    return v.rstrip(".")
+
+
+class HostAllowList:
+    """Answer 421 to a request whose Host header names none of `hosts` ("*": any). A page that
+    rebinds its own DNS name to 127.0.0.1 can make a browser send requests to a loopback
+    service, but only under that name, which this refuses."""
+
+    def __init__(self, app: ASGIApp, hosts: Collection[str]) -> None:
+        self.app, self.any = app, "*" in hosts
+        self.hosts = frozenset(host_name(h) for h in hosts)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and not self.any:
+            host = dict(scope["headers"]).get(b"host", b"").decode("latin-1")
+            if host_name(host) not in self.hosts:
+                allowed = ", ".join(sorted(self.hosts))
+                await _answer(421, "host", f"host: {shown(host)} is not a name this service answers to "
+                                           f"(allowed: {allowed}; see {HOSTS_ENV})")(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+def create_app(
+    db: Database, *, token: str | None = None, max_body_bytes: int = DEFAULT_MAX_BODY,
+    allowed_hosts: Collection[str] = LOOPBACK_HOSTS, body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S,
+) -> FastAPI:
+    app = FastAPI(title="superopt", version=superopt.__version__, summary=__doc__.splitlines()[0],
+                  docs_url=None, redoc_url=None, openapi_url=None)  # served below, behind the token
     app.add_middleware(BodyLimit, max_bytes=max_body_bytes)
+    app.add_middleware(BodyDeadline, seconds=body_timeout_s)
+    app.add_middleware(HostAllowList, hosts=allowed_hosts)
     queue, cache = JobQueue(db), KernelCache(db)
     bearer = HTTPBearer(auto_error=False)
 
@@ -125,15 +223,64 @@ def create_app(db: Database, *, token: str | None = None, max_body_bytes: int = 
     async def _conflict(_request: Request, e: Conflict) -> JSONResponse:
         return _answer(409, "state", f"state: {e}")
 
+    async def _database_down(request: Request, e: Exception) -> JSONResponse:
+        if not unavailable(e):  # a wrong statement (SQLite says OperationalError to both): a 500, logged
+            raise e
+        log.warning("%s %s: database unreachable: %s", request.method, request.url.path, reason(e))
+        return _unavailable()
+
+    for kind in (OperationalError, InterfaceError, PoolTimeout):  # an unreachable database (engine.unavailable)
+        app.add_exception_handler(kind, _database_down)
+
+    def database_reachable() -> bool:
+        try:
+            db.ping()
+        except SQLAlchemyError as e:
+            if not unavailable(e):
+                raise
+            log.warning("health check: database unreachable: %s", reason(e))
+            return False
+        return True
+
     guarded = [Depends(authorized)]
 
     @app.get("/health")
-    def health() -> dict[str, Any]:
-        return {"status": "ok", "version": superopt.__version__}
+    def health() -> JSONResponse:
+        up = database_reachable()
+        body = {"status": "ok" if up else "unavailable", "version": superopt.__version__,
+                "database": "ok" if up else "unreachable"}
+        return JSONResponse(body, 200 if up else 503, None if up else {"Retry-After": str(RETRY_AFTER_S)})
+
+    @app.get("/health/live")
+    def live() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get("/health/ready")
+    def ready() -> JSONResponse:
+        if not database_reachable():
+            return _unavailable()
+        return JSONResponse({"status": "ok", "database": "ok"})
+
+    @app.get("/openapi.json", include_in_schema=False, dependencies=guarded)
+    def openapi() -> dict[str, Any]:
+        return app.openapi()
+
+    @app.get("/docs", include_in_schema=False, dependencies=guarded)
+    def docs() -> HTMLResponse:
+        return get_swagger_ui_html(openapi_url="/openapi.json", title="superopt API")
+
+    @app.get("/redoc", include_in_schema=False, dependencies=guarded)
+    def redoc() -> HTMLResponse:
+        return get_redoc_html(openapi_url="/openapi.json", title="superopt API")
 
     @app.post("/jobs", status_code=201, dependencies=guarded)
-    def submit(req: JobRequest) -> dict[str, Any]:
-        job = req.submit_to(queue, req.build_program())
+    def submit(
+        req: JobRequest,
+        idempotency_key: Annotated[str | None, Header(
+            pattern=IDEMPOTENCY_KEY, description="a retry with this key and the same body answers the same job; "
+                                                 "with another body, 422")] = None,
+    ) -> dict[str, Any]:
+        job = req.submit_to(queue, req.build_program(), idempotency_key=idempotency_key)
         return {"id": job.id, "state": job.state.value, "cache_hit": job.cache_hit}
 
     @app.get("/jobs/{job_id}", dependencies=guarded)
@@ -148,7 +295,8 @@ def create_app(db: Database, *, token: str | None = None, max_body_bytes: int = 
     @app.get("/cache", dependencies=guarded)
     def lookup(
         hash: Annotated[str, Query(pattern="^[0-9a-fA-F]{6,64}$", description="canonical program hash or a prefix")],
-        target: Annotated[str | None, Query(max_length=500, description="target name or fingerprint")] = None,
+        target: Annotated[str | None, Query(max_length=500, pattern=PRINTABLE,
+                                            description="target name or fingerprint")] = None,
     ) -> dict[str, Any]:
         return {"entries": [e.to_json() for e in cache.entries(hash, target)]}
 

@@ -6,11 +6,18 @@ the job is no longer this worker's (cancelled, or re-queued after a stall), the 
 raises JobAborted and the search stops. The worker owns the cache for the jobs it runs: it looks
 the answer up before searching (unless the job says `force`) and stores the candidates and the
 winner together with the job's completion, in one transaction.
+
+The worker outlives the database: each of its calls (claim, cache lookup, finish, fail) is
+retried through an outage with backoff (superopt.db.engine.Retry, logged) for up to `db_retry_s`
+seconds, so a job's end is written when the database returns; the heartbeat keeps trying
+meanwhile. A worker that cannot write its job's end in time gives up, exits, and leaves the job
+to the next worker's claim once its lease has expired. Opening the database at start is not
+retried: a worker started during an outage exits at once with the reason, as one given a wrong
+URL does, for its supervisor to restart.
 """
 
 from __future__ import annotations
 
-import functools
 import importlib
 import os
 import socket
@@ -22,16 +29,14 @@ from typing import Any
 from sqlalchemy.exc import SQLAlchemyError
 
 from superopt.db.cache import KernelCache
-from superopt.db.engine import Database
+from superopt.db.engine import Database, DatabaseUnavailable, Retry, reason, unavailable
 from superopt.db.errors import RequestError
-from superopt.db.jobs import DEFAULT_LEASE_S, Claim, JobQueue, JobView
+from superopt.db.jobs import DEFAULT_LEASE_S, Claim, JobQueue, JobView, resolve_fingerprint
 from superopt.db.keys import CacheKey
 from superopt.result import Result
-from superopt.targets import fingerprint as costmodel_fingerprint
-from superopt.targets import target as costmodel_target
 
 Optimize = Callable[..., Result]
-AUTO_FALLBACK = "h100"  # what "auto" means without a GPU (the optimizer's rule: local GPU, else h100 estimates)
+DEFAULT_DB_RETRY_S = 600.0
 
 
 class JobAborted(BaseException):
@@ -65,25 +70,6 @@ def load_optimizer(spec: str | None) -> Optimize:
     return fn  # type: ignore[no-any-return]
 
 
-def resolve_fingerprint(target: str) -> str:
-    """The cache identity of a job's target on this worker: a named cost-model target, or for "auto"
-    the local GPU when there is one, else the fallback cost-model target."""
-    if target != "auto":
-        return costmodel_fingerprint(costmodel_target(target))
-    return _auto_fingerprint()
-
-
-@functools.cache
-def _auto_fingerprint() -> str:
-    """Looked up once per process: the GPU a worker drives does not change under it."""
-    from superopt.runtime import GpuUnavailable, device_fingerprint, fingerprint_text
-
-    try:
-        return fingerprint_text(device_fingerprint())
-    except GpuUnavailable:
-        return costmodel_fingerprint(costmodel_target(AUTO_FALLBACK))
-
-
 def new_worker_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
 
@@ -92,7 +78,7 @@ class Worker:
     def __init__(
         self, db: Database, *, optimize: Optimize | None = None, worker_id: str | None = None,
         lease_s: float = DEFAULT_LEASE_S, poll_s: float = 1.0, ray_address: str | None = None,
-        workers: int | None = None,
+        workers: int | None = None, db_retry_s: float = DEFAULT_DB_RETRY_S,
         log: Callable[[str], None] | None = None,
     ) -> None:
         self.queue = JobQueue(db, lease_s=lease_s)
@@ -104,14 +90,22 @@ class Worker:
         self.ray_address = ray_address
         self.workers = workers
         self.log = log or (lambda _line: None)
+        self.retry = Retry(window_s=db_retry_s, log=self.log)
 
     def run(self, *, once: bool = False, only: Collection[int] | None = None,
             stop: threading.Event | None = None) -> int:
         """Work until `stop` is set (or, with `once`, until no job is left); returns jobs handled."""
         stop = stop or threading.Event()
+        self.retry.stop = stop  # a stop asked during an outage ends the retrying
         done = 0
         while not stop.is_set():
-            if self.run_one(only) is not None:
+            try:
+                handled = self.run_one(only)
+            except DatabaseUnavailable:
+                if stop.is_set():  # asked to stop while the database was away: not a failure
+                    break
+                raise
+            if handled is not None:
                 done += 1
             elif once:
                 break
@@ -120,37 +114,54 @@ class Worker:
         return done
 
     def run_one(self, only: Collection[int] | None = None) -> JobView | None:
-        """Claim and run one job and return how it ended; None when no job was waiting."""
-        claim = self.queue.claim(self.id, only)
+        """Claim and run one job and return how it ended; None when no job was waiting.
+
+        DatabaseUnavailable when the database stayed unreachable for the whole retry window."""
+        claim = self.retry("claim", lambda: self.queue.claim(self.id, only))
         if claim is None:
             return None
         try:
             view = self._run(claim)
         except KeyboardInterrupt:
-            if self.queue.release(claim):
-                self.log(f"job {claim.job_id} given back to the queue")
-            else:  # stopped once the job had ended (its result written): it keeps its state
-                self.log(describe(self.queue.get(claim.job_id)))
+            self._stopped_with(claim)
             raise
         except JobAborted:
             view = None
+        except DatabaseUnavailable:
+            self.log(f"job {claim.job_id}: not ended here; it returns to the queue when its lease expires")
+            raise
         except Exception as e:  # the search failed: the job reports why, the worker goes on
-            view = self.queue.fail(claim, f"{type(e).__name__}: {e}")
+            error = f"{type(e).__name__}: {e}"
+            view = self.retry("fail", lambda: self.queue.fail(claim, error))
         if view is None:  # cancelled or taken over meanwhile: nothing of this worker's was written
-            view = self.queue.get(claim.job_id)
+            view = self.retry("read", lambda: self.queue.get(claim.job_id))
             self.log(f"job {view.id} left to its new owner or state: {view.state.value}")
         else:
             self.log(describe(view))
         return view
 
+    def _stopped_with(self, claim: Claim) -> None:
+        """Give the job back on a stop (SIGTERM, Ctrl-C), trying once: a stop is not held up by an
+        outage, and the job's lease hands it back then."""
+        try:
+            if self.queue.release(claim):
+                self.log(f"job {claim.job_id} given back to the queue")
+            else:  # stopped once the job had ended (its result written): it keeps its state
+                self.log(describe(self.queue.get(claim.job_id)))
+        except SQLAlchemyError as e:
+            if not unavailable(e):
+                raise
+            self.log(f"job {claim.job_id} not given back ({reason(e)}): it returns to the queue when its lease "
+                     "expires")
+
     def _run(self, claim: Claim) -> JobView | None:
-        fingerprint = resolve_fingerprint(claim.target)
         if not claim.force:
-            hit = self.cache.hit(CacheKey.of(claim.program, fingerprint, claim.config), budget_s=claim.budget_s,
-                                 max_states=claim.max_states)
+            key = CacheKey.of(claim.program, resolve_fingerprint(claim.target), claim.config)
+            hit = self.retry("cache lookup", lambda: self.cache.hit(key, budget_s=claim.budget_s,
+                                                                    max_states=claim.max_states))
             if hit is not None:
-                return self.queue.finish_cached(claim, hit)
-        beat = _Heartbeat(self.queue, claim, self.heartbeat_s)
+                return self.retry("finish", lambda: self.queue.finish_cached(claim, hit))
+        beat = _Heartbeat(self.queue, claim, self.heartbeat_s, self.log)
 
         def progress(update: dict[str, Any]) -> None:
             beat.latest = dict(update)
@@ -170,25 +181,37 @@ class Worker:
             beat.stop()
         if beat.lost.is_set():
             raise JobAborted
-        return self.queue.finish(claim, result)
+        return self.retry("finish", lambda: self.queue.finish(claim, result))
 
 
 class _Heartbeat(threading.Thread):
-    """Renews a claim's lease and records progress every `interval` seconds while a search runs."""
+    """Renews a claim's lease and records progress every `interval` seconds while a search runs.
 
-    def __init__(self, queue: JobQueue, claim: Claim, interval: float) -> None:
+    While the database is unreachable it keeps trying at that pace (each try fails fast or within
+    the connect timeout), logging the first failure and the recovery: the search goes on, and
+    once the database is back the lease is the job's again, unless it expired meanwhile and
+    another worker took the job, which the next renewal finds (the search then stops)."""
+
+    def __init__(self, queue: JobQueue, claim: Claim, interval: float, log: Callable[[str], None]) -> None:
         super().__init__(name=f"heartbeat-{claim.job_id}", daemon=True)
-        self.queue, self.claim, self.interval = queue, claim, interval
+        self.queue, self.claim, self.interval, self.log = queue, claim, interval, log
         self.latest: dict[str, Any] | None = None
         self.lost = threading.Event()
         self._done = threading.Event()
 
     def run(self) -> None:
+        failing = False
         while not self._done.wait(self.interval):
             try:
                 ours = self.queue.heartbeat(self.claim, self.latest)
-            except SQLAlchemyError:
-                continue  # the database was briefly unreachable: the lease has slack, try again
+            except SQLAlchemyError as e:
+                if not failing:
+                    self.log(f"job {self.claim.job_id}: lease not renewed ({reason(e)}); retrying")
+                failing = True
+                continue
+            if failing:
+                self.log(f"job {self.claim.job_id}: lease renewed again")
+                failing = False
             if not ours:
                 self.lost.set()
                 return

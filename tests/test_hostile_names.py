@@ -114,7 +114,7 @@ def test_export_refuses_hostile_names_and_writes_nothing(tmp_path, name):
 @pytest.fixture(scope="module")
 def service(tmp_path_factory):
     db = open_database(f"sqlite:///{tmp_path_factory.mktemp('hostile') / 'superopt.db'}")
-    yield db, TestClient(create_app(db))
+    yield db, TestClient(create_app(db), base_url="http://127.0.0.1")
     db.close()
 
 
@@ -280,6 +280,6 @@ def test_export_and_the_served_kernel_keep_accepted_names_in_comments(tmp_path):
     optimize(program, target="h100", budget_s=60, max_states=300, db=url, reuse=False)
     db = open_database(url)
     (entry,) = KernelCache(db).entries(program.canonical_hash())
-    served = TestClient(create_app(db)).get(f"/kernels/{entry.kernel_id}").json()["cuda"]
+    served = TestClient(create_app(db), base_url="http://127.0.0.1").get(f"/kernels/{entry.kernel_id}").json()["cuda"]
     db.close()
     assert_names_only_in_comments(served, tmp_path)

@@ -214,7 +214,7 @@ def test_cli_refuses_budgets_above_the_maximum(tmp_path, options, field, message
 def service(request, tmp_path_factory):
     with database_url(request.param, tmp_path_factory.mktemp("limits")) as url:
         db = open_database(url)
-        yield url, TestClient(create_app(db))
+        yield url, TestClient(create_app(db), base_url="http://127.0.0.1")
         db.close()
 
 
