@@ -34,7 +34,7 @@ from superopt.db.canonical_names import Order, from_canonical, order_of, to_cano
 from superopt.db.engine import Database
 from superopt.db.errors import CacheIntegrityWarning, NotFound, stored_id
 from superopt.db.integrity import Signer, candidate_fields, signer_for, winner_fields
-from superopt.db.keys import CacheKey, signature
+from superopt.db.keys import CacheKey, check_hash_prefix, signature
 from superopt.db.models import Candidate, Job, JobState, Target, Winner, Workload, utcnow
 from superopt.digest import canonical_json
 from superopt.program import Program, ProgramError
@@ -118,11 +118,16 @@ class KernelCache:
             job.result = store_in(s, job, result)
             return job.result
 
-    def entries(self, program_hash: str | None = None, target: str | None = None) -> list[CacheEntry]:
-        """Winners, newest first; `program_hash` may be a prefix, `target` a name or a fingerprint.
-        A winner whose rows fail their MACs is left out, with a warning: a listing serves its times."""
+    def entries(
+        self, program_hash: str | None = None, target: str | None = None, *, program: str | None = None,
+        limit: int | None = None, offset: int = 0,
+    ) -> list[CacheEntry]:
+        """Winners, newest first; `program_hash` may be a prefix, `target` a name or a fingerprint,
+        `program` a program name; `limit` and `offset` page them (`cache ls` and `GET /cache` list
+        the same rows). A winner whose rows fail their MACs is left out, with a warning: a listing
+        serves its times (a page may then hold fewer than `limit`)."""
         with self.db.read() as s:
-            winners = winners_in(s, program_hash, target)
+            winners = winners_in(s, program_hash, target, program=program, limit=limit, offset=offset)
             signer = signer_for(s)
             return [_entry(w) for w in winners if _signed(signer, w)]
 
@@ -194,15 +199,21 @@ def hit_in(
     return hit if hit is not None and hit.result.search.answers(budget_s, max_states) else None
 
 
-def winners_in(s: Session, program_hash: str | None, target: str | None) -> list[Winner]:
+def winners_in(
+    s: Session, program_hash: str | None, target: str | None, *, program: str | None = None,
+    limit: int | None = None, offset: int = 0,
+) -> list[Winner]:
     """Winners, newest first, unchecked (`KernelCache.entries` checks them); `program_hash` may be a
-    prefix, `target` a name or a fingerprint."""
+    prefix, `target` a name or a fingerprint, `program` a program name."""
     q = _entries_query()
-    if program_hash:
-        q = q.where(Workload.program_hash.startswith(program_hash.lower(), autoescape=True))
+    if program_hash is not None:
+        q = q.where(Workload.program_hash.startswith(check_hash_prefix(program_hash), autoescape=True))
     if target:
         q = q.where((Target.name == target) | (Target.fingerprint == target))
-    return list(s.scalars(q.order_by(Winner.created_at.desc(), Winner.id.desc())).unique())
+    if program:
+        q = q.where(Workload.name == program)
+    q = q.order_by(Winner.created_at.desc(), Winner.id.desc()).offset(offset).limit(limit)
+    return list(s.scalars(q).unique())
 
 
 def winner_problem(s: Session, w: Winner) -> str | None:

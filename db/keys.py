@@ -8,12 +8,28 @@ so that rows can be listed and told apart by shape without loading their program
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import asdict, dataclass
 
 import superopt
 from superopt.canonical import canonical_inputs
 from superopt.config import SearchConfig
+from superopt.db.errors import RequestError
 from superopt.program import Program
+
+# What names programs in the cache, wherever a user types it (`cache ls --hash`, `cache invalidate
+# --hash`, `GET /cache?hash=`): 4 to 64 lowercase hex digits, a canonical hash or a prefix of one.
+HASH_PREFIX = re.compile(r"[0-9a-f]{4,64}")
+
+
+def check_hash_prefix(text: str) -> str:
+    """`text` when it is a hash prefix; else one error naming the rule, the same from the CLI and
+    over HTTP. A typo must not quietly match nothing ("invalidated 0") or, shorter than 4
+    digits, most of the cache."""
+    if not HASH_PREFIX.fullmatch(text):
+        raise RequestError("hash", f"expected 4 to 64 lowercase hex digits (a canonical program hash or a prefix), "
+                                   f"got {text[:80]!r}")
+    return text
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,8 @@
-"""The `superopt` command line (Typer). Errors a user can cause print one line and exit 2."""
+"""The `superopt` command line (Typer). Errors a user can cause print one line and exit 2.
+
+The app's --help text is set below (`HELP`), not taken from this docstring: notes for developers
+are not the user's.
+"""
 
 from __future__ import annotations
 
@@ -18,18 +22,21 @@ from superopt.api import ClusterUnreachable, NoCandidate, resolve_target
 from superopt.config import DEFAULT_BUDGET_S
 from superopt.db.errors import RequestError, StoreError
 from superopt.instantiate import InstantiationError, instantiate, parse_params
+from superopt.limits import LimitConfigError
 from superopt.loading import LoadError, kind_of, load_program, load_sgraph, read_json
 from superopt.ops import OpError
 from superopt.program import Program, ProgramError
 from superopt.render import render_program, render_sgraph
 from superopt.search.space import UnsupportedProgram
-from superopt.sgraph import SGraphError, check_matches
+from superopt.sgraph import SGraph, SGraphError, check_matches
 from superopt.sizes import SizeError
 from superopt.svg import render_svg
-from superopt.targets import TargetError
+from superopt.targets import Target, TargetError
 from superopt.targets import target as get_target
 
-app = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__)
+HELP = ("Find, prove and time the fastest fused GPU schedules of tensor programs; serve them from a "
+        "kernel cache, over HTTP and through job workers.")
+app = typer.Typer(no_args_is_help=True, add_completion=False, help=HELP)
 # Piped output keeps whole table rows readable instead of Rich's 80-column default.
 _WIDTH = None if sys.stdout.isatty() else 160
 out = Console(highlight=False, soft_wrap=True, width=_WIDTH)
@@ -37,9 +44,12 @@ err = Console(stderr=True, highlight=False, soft_wrap=True, width=_WIDTH)
 
 USER_ERRORS: tuple[type[Exception], ...] = (
     ProgramError, SGraphError, InstantiationError, LoadError, OpError, SizeError, StoreError, RequestError,
-    NoCandidate, UnsupportedProgram, TargetError, ClusterUnreachable,
+    NoCandidate, UnsupportedProgram, TargetError, ClusterUnreachable, LimitConfigError,
 )
 F = TypeVar("F", bound=Callable[..., Any])
+# An sGraph handed on to the next command: the JSON file verify, run --sgraph and export --sgraph read.
+SgraphOutOption = Annotated[Path | None, typer.Option(
+    "--sgraph-out", help="also write the sGraph as JSON here (what verify, run --sgraph and export --sgraph read)")]
 
 
 def user_errors(fn: F) -> F:
@@ -102,8 +112,9 @@ def show(
                                                 "cache)")] = None,
     svg: Annotated[Path | None, typer.Option("--svg", help="write the sGraph's picture here (a program: its "
                                                            "unfused baseline)")] = None,
+    sgraph_out: SgraphOutOption = None,
 ) -> None:
-    """Print a program or an sGraph, or draw the sGraph as SVG."""
+    """Print a program or an sGraph, draw the sGraph as SVG, or write it as JSON (--sgraph-out)."""
     values = parse_params(params) if params else None
     if Path(spec).is_file() and kind_of(read_json(spec)) == "sgraph":
         if winner:
@@ -119,23 +130,25 @@ def show(
             from superopt.api import optimize as run_optimize
 
             result = run_optimize(program, target=target, db=db)
+            _write_sgraph(sgraph_out, result.best.sgraph)
             if svg is not None:
                 _write(svg, result.to_svg())
                 err.print(f"wrote {svg}", markup=False)
-            else:
+            elif sgraph_out is None:
                 out.print(render_sgraph(result.best.sgraph, result.best.params), markup=False)
             return
-        if not (reference or baseline or svg):
+        if not (reference or baseline or svg or sgraph_out):
             out.print(render_program(program), markup=False)
             return
         sg = load_sgraph("reference" if reference else "baseline", program, spec)
     if values is not None:
         instantiate(sg, values, get_target("h100"))  # every symbol named, known and within its constraints
+    _write_sgraph(sgraph_out, sg)
     if svg is not None:
         _write(svg, render_svg(sg, values))
         err.print(f"wrote {svg}", markup=False)
-        return
-    out.print(render_sgraph(sg, values), markup=False)
+    if svg is None and sgraph_out is None:  # a file written is the answer, as --svg's is
+        out.print(render_sgraph(sg, values), markup=False)
 
 
 @app.command()
@@ -170,7 +183,8 @@ def import_(
 def run(
     spec: Annotated[str, typer.Argument(help="built-in workload or program JSON file")],
     sgraph: Annotated[str, typer.Option(help="sGraph JSON file, or 'reference' / 'baseline'")] = "reference",
-    params: Annotated[str, typer.Option(help="symbol values, e.g. gx=8,F=4")] = "",
+    params: Annotated[str, typer.Option(help="symbol values, e.g. gx=8,F=4 (default: the cost model's best, as "
+                                             "`export` takes)")] = "",
     target: Annotated[str, typer.Option(help="target whose limits the parameters must meet (h100, h200, a100; "
                                              "auto: the local GPU's, else h100)")] = "h100",
     seed: Annotated[int, typer.Option(min=0, max=2**32 - 1, help="seed of the random inputs")] = 0,
@@ -183,7 +197,8 @@ def run(
     program = load_program(spec)
     sg = load_sgraph(sgraph, program, spec)
     check_matches(sg, program)
-    inst = instantiate(sg, parse_params(params), resolve_target(target).target)
+    tgt = resolve_target(target).target
+    inst = instantiate(sg, parse_params(params) if params else _best_params(sg, tgt), tgt)
     inputs, refs = inputs_and_reference(program, seed)
     outs = run_float(inst, inputs)
     errs = [max_rel_err(o, r) for o, r in zip(outs, refs, strict=True)]
@@ -258,6 +273,7 @@ def optimize(
     ray_address: Annotated[str | None, typer.Option(help="join a running Ray cluster")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print the JSON report")] = False,
     svg: Annotated[Path | None, typer.Option("--svg", help="also write the winner's picture here")] = None,
+    sgraph_out: SgraphOutOption = None,
 ) -> None:
     """Find, prove and time the fastest fused schedule of a program."""
     from superopt.api import optimize as run_optimize
@@ -275,6 +291,7 @@ def optimize(
     if svg is not None:
         _write(svg, result.to_svg())
         err.print(f"wrote {svg}", markup=False)
+    _write_sgraph(sgraph_out, result.best.sgraph)
     if as_json:
         emit_json(result.report())
         return
@@ -399,6 +416,9 @@ DbOption = Annotated[str | None, typer.Option(
     "--db", help="database URL or SQLite file [default: $SUPEROPT_DB_URL, else ~/.cache/superopt/superopt.db]",
 )]
 JsonOption = Annotated[bool, typer.Option("--json", help="machine-readable output")]
+# One rule for a program hash wherever it is typed (superopt.db.keys.check_hash_prefix; HTTP too).
+HashOption = Annotated[str | None, typer.Option(
+    "--hash", help="canonical program hash or a prefix (4 to 64 lowercase hex digits)")]
 # A stand-in for superopt.api.optimize (tests, experiments); hidden from --help.
 OptimizerOption = Annotated[str | None, typer.Option(hidden=True, help="module:function to run instead of the search")]
 
@@ -411,6 +431,10 @@ def submit(
     budget_s: Annotated[float | None, typer.Option(help="search time budget in seconds")] = None,
     max_states: Annotated[int | None, typer.Option(help="search state budget")] = None,
     force: Annotated[bool, typer.Option(help="search even when the cache has the answer")] = False,
+    concrete: Annotated[bool, typer.Option(help="enumerate concrete grid/loop sizes and maps (Mirage-style)")] = False,
+    max_kernel_ops: Annotated[int | None, typer.Option(help="kernels per kernel graph [default: 5]")] = None,
+    max_block_ops: Annotated[int | None, typer.Option(help="compute ops per block graph [default: 11]")] = None,
+    max_block_inputs: Annotated[int | None, typer.Option(help="inputs per block graph [default: 4]")] = None,
     db: DbOption = None,
     as_json: JsonOption = False,
 ) -> None:
@@ -421,7 +445,11 @@ def submit(
 
     program = load_program(spec)
     options = {"target": target, "budget_s": budget_s, "max_states": max_states, "force": force}
-    req = parse_request({"program": program.to_json(), **{k: v for k, v in options.items() if v is not None}})
+    bounds = {"max_kernel_ops": max_kernel_ops, "max_block_ops": max_block_ops, "max_block_inputs": max_block_inputs,
+              "concrete": concrete or None}  # the request's `config`, as POST /jobs takes it
+    config = {k: v for k, v in bounds.items() if v is not None}
+    req = parse_request({"program": program.to_json(), **{k: v for k, v in options.items() if v is not None},
+                         **({"config": config} if config else {})})
     job = req.submit_to(JobQueue(open_database(db)), program)
     if as_json:
         emit_json(job.to_json())
@@ -497,23 +525,28 @@ app.add_typer(cache_app, name="cache")
 @cache_app.command("ls")
 @user_errors
 def cache_ls(
-    program_hash: Annotated[str | None, typer.Option("--hash", help="canonical program hash or a prefix")] = None,
+    program_hash: HashOption = None,
     target: Annotated[str | None, typer.Option(help="target name or fingerprint")] = None,
+    program: Annotated[str | None, typer.Option(help="program name")] = None,
+    limit: Annotated[int | None, typer.Option(min=1, help="list at most this many [default: all]")] = None,
+    offset: Annotated[int, typer.Option(min=0, help="skip this many first")] = 0,
     db: DbOption = None,
     as_json: JsonOption = False,
 ) -> None:
-    """List cached winners, newest first."""
+    """List cached winners, newest first (the rows `GET /cache` pages through)."""
     from superopt.db.cache import KernelCache
     from superopt.db.engine import open_database
     from superopt.jobs_render import entries_table
 
-    entries = KernelCache(open_database(db, existing=True)).entries(program_hash, target)
+    cache = KernelCache(open_database(db, existing=True))
+    entries = cache.entries(program_hash, target, program=program, limit=limit, offset=offset)
     if as_json:
         emit_json([e.to_json() for e in entries])
     elif entries:
         out.print(entries_table(entries))
     else:
-        out.print("no cached winner matches" if program_hash or target else "the cache holds no winner")
+        filtered = program_hash or target or program or offset
+        out.print("no cached winner matches" if filtered else "the cache holds no winner")
 
 
 @cache_app.command("show")
@@ -558,7 +591,7 @@ def cache_export(
 @user_errors
 def cache_invalidate(
     kernel_id: Annotated[int | None, typer.Argument(help="kernel id of one winner")] = None,
-    program_hash: Annotated[str | None, typer.Option("--hash", help="canonical program hash or a prefix")] = None,
+    program_hash: HashOption = None,
     target: Annotated[str | None, typer.Option(help="target name or fingerprint")] = None,
     everything: Annotated[bool, typer.Option("--all", help="every winner")] = False,
     db: DbOption = None,
@@ -732,29 +765,38 @@ def export(
                                              "model's best)")] = "",
     target: Annotated[str, typer.Option(help="target the kernels are generated for (h100, h200, a100; auto: "
                                              "the local GPU, else h100)")] = "h100",
+    budget_s: Annotated[float | None, typer.Option(
+        "--budget-s", help=f"search time budget, as `optimize` takes [default: {DEFAULT_BUDGET_S:g}]")] = None,
+    force: Annotated[bool, typer.Option(help="search even when the kernel cache has an answer, as `optimize "
+                                            "--force`")] = False,
+    no_cache: Annotated[bool, typer.Option("--no-cache", help="neither read nor write the kernel cache, as "
+                                                              "`optimize --no-cache`")] = False,
     db: DbOption = None,
     as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
 ) -> None:
     """Write a program's best kernel(s) as one CUDA file, with launch parameters in its header."""
     from superopt.codegen import CodegenError, describe_steps, generate
-    from superopt.costmodel import best_params, estimate
+    from superopt.costmodel import estimate
 
     program = load_program(spec)
     tgt = resolve_target(target).target
+    if sgraph is not None and (budget_s is not None or force or no_cache):
+        raise LoadError("--budget-s, --force and --no-cache go with a search; --sgraph exports the schedule given")
     if sgraph is None:
         if params:
             raise LoadError("--params needs --sgraph (without it, the optimizer chooses the schedule)")
         from superopt.api import optimize
+        from superopt.jobspec import parse_request
 
-        best = optimize(program, target=target, db=db).best
+        budget = DEFAULT_BUDGET_S if budget_s is None else budget_s
+        parse_request({"program": spec, "target": target, "budget_s": budget})  # checked as `optimize` checks it
+        best = optimize(program, target=target, budget_s=budget, force=force, cache=not no_cache,
+                        reuse=not no_cache, db=db).best
         sg, values = best.sgraph, dict(best.params)
     else:
         sg = load_sgraph(sgraph, program, spec)
         check_matches(sg, program)
-        try:
-            values = parse_params(params) if params else best_params(sg, tgt)
-        except ValueError as e:
-            raise InstantiationError(str(e)) from None
+        values = parse_params(params) if params else _best_params(sg, tgt)
     inst = instantiate(sg, values, tgt)
     if sgraph is not None:  # the optimizer returns proved schedules only; so does export
         from superopt.verifier.verify import verify as run_verify
@@ -779,6 +821,25 @@ def export(
     out.print(f"wrote {cuda}: {sg.name} {inst.params_text() or '(no params)'} for {tgt.name}", markup=False)
     for line in describe_steps(prog):
         out.print(f"  {line}", markup=False)
+
+def _write_sgraph(path: Path | None, sg: SGraph) -> None:
+    """Write an sGraph as the JSON file `verify`, `run --sgraph` and `export --sgraph` read (no
+    path: nothing), so a schedule can be handed from one command to the next."""
+    if path is not None:
+        _write(path, sg.dumps() + "\n")
+        err.print(f"wrote {path}", markup=False)
+
+
+def _best_params(sg: SGraph, tgt: Target) -> dict[str, int]:
+    """The cost model's best parameters of `sg` on `tgt`: what `run` and `export` take when
+    none are given."""
+    from superopt.costmodel import best_params
+
+    try:
+        return best_params(sg, tgt)
+    except ValueError as e:
+        raise InstantiationError(str(e)) from None
+
 
 def _write(path: Path, text: str) -> None:
     """Write a file the user named; a path that cannot be written is a user error."""

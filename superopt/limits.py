@@ -37,6 +37,11 @@ MAX_BUDGET_S = 7 * 24 * 3600  # seconds: a week, the longest search a job may as
 MAX_STATES = 10**12  # far beyond any budget that ends, within what every database stores
 
 
+class LimitConfigError(ValueError):
+    """A limit set in the environment that is not one (SUPEROPT_MAX_TENSOR_ELEMENTS=abc): the
+    operator's mistake, told in one line by the CLI rather than as a traceback."""
+
+
 def name_problem(name: object) -> str | None:
     """Why `name` is not a valid program name or node id (None when it is)."""
     if not isinstance(name, str):
@@ -80,7 +85,7 @@ def _env_limit(var: str, default: int, ceiling: int | None) -> int:
         value = 0
     if value < 1 or (ceiling is not None and value > ceiling):
         bound = f" at most {ceiling:,}" if ceiling is not None else ""
-        raise ValueError(f"{var}: expected a positive integer{bound}, got {raw!r}")
+        raise LimitConfigError(f"{var}: expected a positive integer{bound}, got {raw!r}")
     return value
 
 

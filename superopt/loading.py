@@ -73,9 +73,24 @@ def load_sgraph(spec: str, program: Program, program_spec: str) -> SGraph:
         return workloads.split_name(program_spec)[0].reference(program)
     data = read_json(spec)
     try:
-        return SGraph.from_json(data)
+        return SGraph.from_json(report_sgraph(data) if is_report(data) else data)
     except SGraphError as e:
         raise SGraphError(f"{spec}: {e}") from None
+
+
+def is_report(data: Any) -> bool:
+    """Whether a JSON document is a result report (`optimize --json`, `cache export`): what a user
+    holds after a search, so commands that read an sGraph take one and use its winner."""
+    return isinstance(data, dict) and "schema" not in data and isinstance(data.get("best"), dict) \
+        and isinstance(data.get("program"), dict)
+
+
+def report_sgraph(data: dict[str, Any]) -> Any:
+    """The winner's sGraph document inside a report."""
+    sgraph = data["best"].get("sgraph")
+    if not isinstance(sgraph, dict):
+        raise LoadError("a result report without a best sGraph ('best.sgraph')")
+    return sgraph
 
 
 def kind_of(data: Any) -> str:

@@ -235,6 +235,25 @@ class Result:
             "candidates": [c.to_json() for c in self.candidates],
         }
 
+    def to_json(self) -> dict[str, Any]:
+        """The report (`report()`): what `optimize --json` prints and `cache export` writes, named
+        as the other objects of the API name their JSON form."""
+        return self.report()
+
+    def summary(self) -> str:
+        """A few lines for a person: what `superopt optimize` says first, without the sGraph and
+        the table, so a notebook or a log shows the answer at a glance."""
+        best, v = self.best, self.best.verdict
+        how = "from the kernel cache" if self.cache_hit else "searched"
+        verdict = ("PROVED" if v and v.proved else "NOT PROVED") + (f" (e-graph {v.egraph})" if v else "")
+        return "\n".join((
+            f"program: {self.program.name} ({self.program.canonical_hash()[:16]}), {how}",
+            f"target: {self.target}",
+            f"best: {best.time_us:.3g} us ({best.time_source}), {best.kernels} kernel(s)",
+            f"speedup: {self.speedup:.2f}x over the unfused baseline ({self.baseline.time_us:.3g} us)",
+            f"verdict: {verdict}",
+        ))
+
     @staticmethod
     def from_report(d: dict[str, Any]) -> Result:
         stats = SearchStats(**{k: v for k, v in d["search"].items() if k in SearchStats.__dataclass_fields__})

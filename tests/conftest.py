@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
@@ -11,6 +12,30 @@ from superopt import Program, workloads
 from superopt.config import SearchConfig
 from superopt.search.driver import Outcome, run_search
 from superopt.targets import TARGETS, Target
+
+# Variables that change where superopt keeps files, which database it opens, what the service asks
+# of clients or how large a program may be: the caller's values must not leak into a test.
+CLEARED_ENV = (
+    "SUPEROPT_CACHE_DIR", "SUPEROPT_DB_URL", "SUPEROPT_TOKEN", "SUPEROPT_SECRET", "SUPEROPT_ALLOWED_HOSTS",
+    "SUPEROPT_MAX_TENSOR_ELEMENTS", "SUPEROPT_MAX_PROGRAM_BYTES",
+)
+
+
+@pytest.fixture(scope="session")
+def isolated_cache_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One cache home per session (per xdist worker): tests that share the default cache (as runs
+    of one user would) still share it, but never the caller's ~/.cache or $XDG_CACHE_HOME."""
+    return tmp_path_factory.mktemp("xdg-cache")
+
+
+@pytest.fixture(autouse=True)
+def isolated_env(monkeypatch: pytest.MonkeyPatch, isolated_cache_home: Path) -> None:
+    """Make every test independent of the environment it is run from (`make test` with
+    SUPEROPT_CACHE_DIR or SUPEROPT_DB_URL set): clear superopt's variables and point the cache
+    home at a temporary folder. A test that needs one sets it itself, after this runs."""
+    for var in CLEARED_ENV:
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(isolated_cache_home))
 
 
 @pytest.fixture(scope="session")

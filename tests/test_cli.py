@@ -254,3 +254,52 @@ def test_a_search_cut_short_says_how_far_it_got(tmp_path, monkeypatch):
     assert "no kernel count was searched completely)" in early.stdout
     whole = invoke("optimize", "ntrans:ci", "--no-cache", "--target", "h100")
     assert whole.exit_code == 0 and "budget exhausted" not in whole.stdout and "searched completely" not in whole.stdout
+
+
+def test_a_schedule_passes_from_command_to_command_as_sgraph_json(tmp_path, monkeypatch):
+    """`optimize` and `show` could print a schedule but not hand it on: `verify`, `run --sgraph`
+    and `export --sgraph` read sGraph JSON, and a report from `cache export` was "unknown sGraph
+    schema None". `run` without --params takes the cost model's parameters, as `export` does."""
+    monkeypatch.setenv("SUPEROPT_CACHE_DIR", str(tmp_path / "cache"))
+    db = str(tmp_path / "superopt.db")
+    win, ref, report = tmp_path / "win.json", tmp_path / "ref.json", tmp_path / "report.json"
+    res = invoke("optimize", "gqa:ci", "--target", "h100", "--db", db, "--sgraph-out", str(win), "--json")
+    assert res.exit_code == 0, res.output
+    assert json.loads(win.read_text()) == json.loads(res.stdout)["best"]["sgraph"]
+    shown = invoke("show", "gqa:ci", "--reference", "--sgraph-out", str(ref))
+    assert shown.exit_code == 0 and shown.stdout == "" and f"wrote {ref}" in shown.stderr
+    [entry] = json.loads(invoke("cache", "ls", "--db", db, "--json").stdout)
+    assert invoke("cache", "export", str(entry["kernel_id"]), "--db", db, "--out", str(report)).exit_code == 0
+    for sgraph in (win, ref, report):
+        proved = invoke("verify", "gqa:ci", str(sgraph))
+        assert proved.exit_code == 0 and "PROVED" in proved.stdout, proved.output
+        ran = invoke("run", "gqa:ci", "--sgraph", str(sgraph), "--target", "h100")
+        assert ran.exit_code == 0 and "within the f16 tolerance" in ran.stdout, ran.output
+    assert "(no params)" not in invoke("run", "gqa:ci", "--sgraph", str(win)).stdout
+
+
+def test_export_takes_the_search_options_optimize_takes(tmp_path, monkeypatch):
+    """`export` searched with the default budget and the cache, whatever the user needed."""
+    monkeypatch.setenv("SUPEROPT_CACHE_DIR", str(tmp_path / "cache"))
+    cu = tmp_path / "x.cu"
+    res = invoke("export", "gqa:ci", "--cuda", str(cu), "--target", "h100", "--budget-s", "20", "--no-cache",
+                 "--force")
+    assert res.exit_code == 0 and cu.is_file(), res.output
+    bad = invoke("export", "gqa:ci", "--cuda", str(cu), "--budget-s", "0")
+    assert bad.exit_code == 2 and "budget_s:" in bad.stderr
+    given = invoke("export", "gqa:ci", "--cuda", str(cu), "--sgraph", "reference", "--budget-s", "20")
+    assert given.exit_code == 2 and "--sgraph exports the schedule given" in given.stderr
+
+
+def test_a_bad_limit_in_the_environment_is_one_error_line(monkeypatch):
+    monkeypatch.setenv("SUPEROPT_MAX_TENSOR_ELEMENTS", "abc")
+    res = invoke("programs")
+    assert res.exit_code == 2
+    assert res.stderr.strip() == ("error: SUPEROPT_MAX_TENSOR_ELEMENTS: expected a positive integer at most "
+                                  "2,147,483,647, got 'abc'")
+
+
+def test_help_shows_no_developer_notes():
+    res = invoke("--help")
+    assert res.exit_code == 0 and "Find, prove and time" in res.stdout
+    assert "Typer" not in res.stdout and "exit 2" not in res.stdout

@@ -42,6 +42,8 @@ def test_submit_work_and_query(tmp_path):
     assert "gqa:ci" in invoke(db, "cache", "ls", "--target", "h100").stdout
     assert json.loads(invoke(db, "cache", "ls", "--target", "a100", "--json").stdout) == []
     assert invoke(db, "cache", "ls", "--target", "a100").stdout.strip() == "no cached winner matches"
+    by_hash = json.loads(invoke(db, "cache", "ls", "--hash", entries[0]["program_hash"][:4], "--json").stdout)
+    assert [e["kernel_id"] for e in by_hash] == [kernel_id]
     shown = invoke(db, "cache", "show", str(kernel_id))
     assert shown.exit_code == 0 and "cached winner" in shown.stdout and "graph-defined" in shown.stdout
     assert json.loads(invoke(db, "cache", "show", str(kernel_id), "--json").stdout)["verdict"]["proved"]
@@ -53,6 +55,20 @@ def test_submit_work_and_query(tmp_path):
     assert invoke(db, "cache", "invalidate", "--all").stdout.strip() == "invalidated 1 cached winner(s)"
     assert json.loads(invoke(db, "cache", "ls", "--json").stdout) == []
     assert invoke(db, "cache", "ls").stdout.strip() == "the cache holds no winner"
+
+
+def test_one_hash_prefix_rule_in_every_cache_command(tmp_path):
+    """`cache invalidate --hash zz` answered "invalidated 0" and `cache ls --hash zz` "no cached
+    winner matches": a typo read as a query. 4 to 64 lowercase hex digits, as `GET /cache?hash=`."""
+    db = str(tmp_path / "superopt.db")
+    open_database(db).close()
+    for bad in ("zz", "abc", "ABCDEF", "0" * 65, "12 34"):
+        for args in (("cache", "ls", "--hash", bad), ("cache", "invalidate", "--hash", bad)):
+            res = invoke(db, *args)
+            assert res.exit_code == 2, (args, res.output)
+            assert res.stderr.strip() == ("error: hash: expected 4 to 64 lowercase hex digits (a canonical program "
+                                          f"hash or a prefix), got {bad!r}")
+    assert invoke(db, "cache", "invalidate", "--hash", "abcd").stdout.strip() == "invalidated 0 cached winner(s)"
 
 
 def test_user_errors_are_one_line_and_exit_2(tmp_path):
@@ -109,3 +125,20 @@ def test_watch_follows_a_running_job_and_cancel_stops_one(tmp_path, monkeypatch)
     assert res.exit_code == 2 and "already finished (cancelled)" in res.stderr
     assert JobQueue(database).get(queued).state.value == "cancelled"
     database.close()
+
+
+def test_submit_takes_the_search_bounds_post_jobs_takes(tmp_path):
+    """`submit` had no --max-kernel-ops, --max-block-ops, --max-block-inputs nor --concrete: a job
+    with other bounds could be queued over HTTP only. Its config hash is what POST /jobs gives."""
+    from superopt.config import SearchConfig
+
+    db = str(tmp_path / "superopt.db")
+    res = invoke(db, "submit", "gqa:ci", "--target", "h100", "--max-kernel-ops", "3", "--max-block-ops", "7",
+                 "--max-block-inputs", "3", "--concrete", "--json")
+    assert res.exit_code == 0, res.output
+    want = SearchConfig(max_kernel_ops=3, max_block_ops=7, max_block_inputs=3, concrete=True).hash()
+    assert json.loads(res.stdout)["config_hash"] == want
+    plain = json.loads(invoke(db, "submit", "gqa:ci", "--target", "h100", "--json").stdout)
+    assert plain["config_hash"] == SearchConfig().hash()
+    bad = invoke(db, "submit", "gqa:ci", "--max-kernel-ops", "0")
+    assert bad.exit_code == 2 and "config.max_kernel_ops" in bad.stderr

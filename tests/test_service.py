@@ -69,7 +69,7 @@ def test_submit_run_and_fetch_the_kernel_over_http(backend, tmp_path):
                 program_hash = workloads.resolve("gqa:ci").canonical_hash()
                 entries = client.get("/cache", params={"hash": program_hash, "target": "h100"}).json()["entries"]
                 assert [e["kernel_id"] for e in entries] == [result["kernel_id"]]
-                assert client.get("/cache", params={"hash": program_hash, "target": "a100"}).json() == {"entries": []}
+                assert client.get("/cache", params={"hash": program_hash, "target": "a100"}).json()["entries"] == []
                 # the same request again is answered from the cache at once
                 again = client.post("/jobs", json={"program": "gqa:ci", "target": "h100"}).json()
                 assert again["state"] == "succeeded" and again["cache_hit"]
@@ -133,8 +133,12 @@ BAD = [
     ("job id not a number", "GET", "/jobs/abc", {}, 422, "job_id", "integer"),
     ("no such job", "GET", "/jobs/12345", {}, 404, "id", "no job 12345"),
     ("cancel no such job", "DELETE", "/jobs/12345", {}, 404, "id", "no job 12345"),
-    ("cache without hash", "GET", "/cache", {}, 422, "hash", "required"),
-    ("cache bad hash", "GET", "/cache", {"params": {"hash": "xyz"}}, 422, "hash", "pattern"),
+    ("cache page of none", "GET", "/cache", {"params": {"limit": 0}}, 422, "limit", "greater than or equal to 1"),
+    ("cache page too long", "GET", "/cache", {"params": {"limit": 201}}, 422, "limit", "less than or equal to 200"),
+    ("cache negative offset", "GET", "/cache", {"params": {"offset": -1}}, 422, "offset", "greater than or equal to 0"),
+    ("cache bad hash", "GET", "/cache", {"params": {"hash": "xyz"}}, 422, "hash", "4 to 64 lowercase hex digits"),
+    ("cache upper-case hash", "GET", "/cache", {"params": {"hash": "ABCDEF"}}, 422, "hash", "got 'ABCDEF'"),
+    ("cache short hash", "GET", "/cache", {"params": {"hash": "abc"}}, 422, "hash", "4 to 64 lowercase hex digits"),
     ("no such kernel", "GET", "/kernels/777", {}, 404, "id", "no kernel 777"),
     ("job id past 64 bits", "GET", "/jobs/99999999999999999999", {}, 404, "id", "no job 99999999999999999999"),
     ("cancel id past 64 bits", "DELETE", "/jobs/99999999999999999999", {}, 404, "id", "no job 99999999999999999999"),
