@@ -132,5 +132,7 @@ def summary_rows(entries: list[BatchEntry], views: list[JobView]) -> list[dict[s
             "state": v.state.value, "cache_hit": v.cache_hit, "time_us": r.get("time_us"),
             "baseline_time_us": r.get("baseline_time_us"), "speedup": r.get("speedup"),
             "kernel_id": r.get("kernel_id"), "cached": r.get("cached"), "error": v.error,
+            # what `superopt report` charts besides speedups (the search's, for a cache hit the original's)
+            "proved": r.get("proved"), "kernels": r.get("kernels"), "search_s": (r.get("search") or {}).get("seconds"),
         })
     return rows

@@ -683,6 +683,19 @@ def batch(
 
 @app.command()
 @user_errors
+def report(
+    results: Annotated[Path, typer.Argument(help="batch results: what `superopt batch FILE --json` prints")],
+    html: Annotated[Path, typer.Option("--html", help="the HTML file to write (one page, charts inline)")],
+) -> None:
+    """Write a batch's results as an HTML page with charts: speedup, search time, kernels, verdicts."""
+    from superopt.report import write_report
+
+    n = write_report(results, html)
+    out.print(f"wrote {html} ({n} jobs)", markup=False)
+
+
+@app.command()
+@user_errors
 def serve(
     host: Annotated[str, typer.Option(help="address to listen on")] = "127.0.0.1",
     port: Annotated[int, typer.Option(min=1, max=65535)] = 8000,

@@ -15,7 +15,8 @@ route that needs it answers 503 with Retry-After, and the health checks say so.
                             Idempotency-Key header: a retried submission answers the same job
     GET    /jobs/{id}       {"id", "state", "progress", "error", "result", ...}
     DELETE /jobs/{id}       cancel
-    GET    /cache?hash=&target=
+    GET    /cache?hash=&target=&program=&limit=&offset=
+                            cached winners, newest first (those `superopt cache ls` lists), paged
     GET    /kernels/{id}    sGraph, parameters, CUDA source, verdict, times
     GET    /health          version and database status (503 while the database is unreachable)
     GET    /health/live     the process answers
@@ -42,6 +43,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 import superopt
+from superopt import dashboard
 from superopt.db.cache import KernelCache
 from superopt.db.engine import Database, reason, unavailable
 from superopt.db.errors import Conflict, NotFound, RequestError
@@ -56,6 +58,7 @@ LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "[::1]")
 HOSTS_ENV = "SUPEROPT_ALLOWED_HOSTS"
 RETRY_AFTER_S = 5  # what a client told 503 should wait: a worker's longest backoff step
 IDEMPOTENCY_KEY = r"^[!-~]{1,200}$"  # visible ASCII: a UUID, a hash, a client's request id
+DEFAULT_PAGE, MAX_PAGE = 50, 200  # cached winners per page of GET /cache: by default, and at most
 PRINTABLE = r"^[ -~]+$"  # ASCII text: what target names and fingerprints are made of (no NUL: PostgreSQL refuses it)
 log = logging.getLogger("superopt.service")
 
@@ -294,14 +297,20 @@ def create_app(
 
     @app.get("/cache", dependencies=guarded)
     def lookup(
-        hash: Annotated[str, Query(pattern="^[0-9a-fA-F]{6,64}$", description="canonical program hash or a prefix")],
+        hash: Annotated[str | None, Query(description="canonical program hash or a prefix: 4 to 64 lowercase hex "
+                                                      "digits")] = None,
         target: Annotated[str | None, Query(max_length=500, pattern=PRINTABLE,
                                             description="target name or fingerprint")] = None,
+        program: Annotated[str | None, Query(max_length=200, pattern=PRINTABLE, description="program name")] = None,
+        limit: Annotated[int, Query(ge=1, le=MAX_PAGE, description="winners per page")] = DEFAULT_PAGE,
+        offset: Annotated[int, Query(ge=0, le=2**62, description="winners skipped")] = 0,
     ) -> dict[str, Any]:
-        return {"entries": [e.to_json() for e in cache.entries(hash, target)]}
+        entries = cache.entries(hash, target, program=program, limit=limit, offset=offset)
+        return {"entries": [e.to_json() for e in entries], "limit": limit, "offset": offset}
 
     @app.get("/kernels/{kernel_id}", dependencies=guarded)
     def kernel(kernel_id: int) -> dict[str, Any]:
         return cache.kernel(kernel_id)
 
+    app.include_router(dashboard.router(queue, cache, token, authorized))  # the web UI at /
     return app
