@@ -360,7 +360,7 @@ def test_views_at_the_edges_are_left_out_of_the_searched_program():
 
 
 def _moved_transposes(kind: str) -> Program:
-    p = Program(kind)
+    p = Program(kind.replace(" ", "_"))  # a program name has no spaces
     x, w = p.input("X", (2, 8, 12), "f32"), p.input("W", (2, 12, 6), "f32")
     if kind == "sunk":  # a softmax over the transposed product, a norm of it times an input
         e = p.exp(p.transpose(x @ w, (0, 2, 1)))
