@@ -7,7 +7,9 @@ check is a unification whose sizes agree. Because the maps are not chosen yet, o
 stands for every way of tiling it, as in Prism; grid and loop sizes are symbols anyway.
 
 Ops are added in a canonical order (each op's key — its newest operand, operands, op rank,
-attributes — exceeds the previous op's), so every block graph is generated once. Every new tile
+attributes — exceeds the previous op's), so every block graph is generated once. A run of the
+program's elementwise ops (`Chain`: bias adds, scales, activations) is one op of its own, made
+only whole and in the program's order; its inner values are never tiles. Every new tile
 must have an abstract expression present in the target's saturated e-graph (the oracle); a tile
 whose value (its abstract expression's e-class, and its numeric fingerprint: abstract values drop
 constant factors, a mean's 1/n among them) and dims repeat an existing one's is a duplicate
@@ -21,7 +23,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from itertools import combinations
+from itertools import combinations, product
 from typing import Any, Generic, NamedTuple, TypeVar
 
 import numpy as np
@@ -33,10 +35,11 @@ from superopt.primitives import apply
 from superopt.program import Node, Program, Tensor
 from superopt.reference import FloatAlgebra
 from superopt.search.fingerprint import SEED, SIZES
-from superopt.search.space import Space
+from superopt.search.space import ChainOp, Space, chain_runs, chain_steps
 from superopt.verifier.oracle import AE, AV, AbstractAlgebra, Oracle
 
 T = TypeVar("T")
+V = TypeVar("V")
 OpRanks = tuple[tuple[str, int], ...]  # ops with their canonical ranks
 Step = tuple[str, tuple[int, ...], tuple[Any, ...], tuple[Any, ...]]  # an op: op, operands, attrs, consts
 RankedStep = tuple[str, int, tuple[Any, ...], tuple[Any, ...]]  # a one-operand op: op, rank, attrs, consts
@@ -44,6 +47,7 @@ RankedStep = tuple[str, int, tuple[Any, ...], tuple[Any, ...]]  # a one-operand 
 # breadth-first order (level, path, accumulator choice), its signature's digest and its ops.
 Body = tuple[tuple[int, tuple[int, ...], int], int, tuple[Step, ...]]
 COMMUTATIVE = ("add", "mul")  # binary ops generated with their older operand first only
+CHAIN = "chain"  # the block op of a whole elementwise chain (`Chain`); its attributes hold the chain's ops
 UNIT = -1  # the class of a size-1 dim: broadcasts against anything, never split
 SPLIT_WIDTH = 4  # a loop-body walk in parts deals out the first level this many times wider than parts
 POST_ENTRIES = 1 << 16  # accumulator signatures whose post-loop graphs are kept (`_posts`)
@@ -123,10 +127,15 @@ class InputSpec:
 
 
 class Lazy(Generic[T]):
-    """A memoized generator: iterating again replays the items produced so far, then resumes."""
+    """A memoized generator: iterating again replays the items produced so far, then resumes.
+    An exception out of the generator (a budget, a bound that cuts a walk: `KernelSearch`) ends
+    it; an iteration that needs more items later makes it again (`make`) and passes over those it
+    had produced."""
 
-    def __init__(self, source: Iterator[T]) -> None:
-        self._source = source
+    def __init__(self, make: Callable[[], Iterator[T]]) -> None:
+        self._make = make
+        self._source: Iterator[T] | None = None
+        self._skip = 0  # items a remade generator produces again before new ones
         self._items: list[T] = []
         self._done = False
 
@@ -139,10 +148,23 @@ class Lazy(Generic[T]):
             elif self._done:
                 return
             else:
-                try:
-                    self._items.append(next(self._source))
-                except StopIteration:
-                    self._done = True
+                self._produce()
+
+    def _produce(self) -> None:
+        if self._source is None:
+            self._source, self._skip = self._make(), len(self._items)
+        try:
+            item = next(self._source)
+        except StopIteration:
+            self._done = True
+            return
+        except BaseException:
+            self._source = None
+            raise
+        if self._skip:
+            self._skip -= 1
+        else:
+            self._items.append(item)
 
     def __len__(self) -> int:
         """The items produced so far."""
@@ -165,7 +187,7 @@ class Generator:
 
     def __post_init__(self) -> None:
         self.alg = self.oracle.alg
-        self._rank = {op: i for i, op in enumerate((*self.space.block_ops, "acc"))}
+        self._rank = {op: i for i, op in enumerate((*self.space.block_ops, CHAIN, "acc"))}
         self._memo: dict[tuple[Any, ...], tuple[AE, tuple[int, ...], int] | None] = {}
         self._post_memo: BoundedDict[tuple[Any, ...], tuple[int, list[tuple[Any, ...]]]] = BoundedDict(POST_ENTRIES)
         self._bodies: BoundedDict[BlockState, Lazy[tuple[int, BlockState]]] = BoundedDict(BODY_CACHE_ENTRIES)
@@ -183,6 +205,13 @@ class Generator:
         self._vid_of_class: dict[str, int] = {}
         self._subterms: dict[tuple[int, int], bool] = {}
         self._binary_ops = [op for op in self.space.block_ops if op in ops.BINARY or op == "matmul"]
+        # A chain's inner values are made by its step only (`Chain`): no other op may make one.
+        outer = {self.oracle.class_of(e) for e in self.space.outer}
+        self._inner = {c for chain in self.space.chains for e in chain.inner
+                       if (c := self.oracle.class_of(e)) is not None and c not in outer}
+        # each chain's step attributes, and the e-classes and program dim classes of its operands
+        self._chains = [((("ops", chain.ops),), [(self.oracle.class_of(e), dims) for e, dims in chain.operands])
+                        for chain in self.space.chains]
 
     def forget(self) -> None:
         """Break the reference cycles that keep a finished search alive (lazily walked loop bodies
@@ -276,7 +305,7 @@ class Generator:
             if state is None:
                 raise ValueError(f"a loop body handed over does not rebuild here: {recipe}")
             states.append(state.reordered())
-        self._adopted[start, part] = Lazy(self._first_per_signature(iter(states)))
+        self._adopted[start, part] = Lazy(lambda: self._first_per_signature(iter(states)))
 
     def program_graphs(self, start: BlockState, program: Program, tiles: Mapping[str, int]) -> Iterator[BlockState]:
         """The complete block graphs computing the program (`tiles`: the start tile of each
@@ -324,13 +353,14 @@ class Generator:
         the nodes whose operands are tiles: keys then increase, as `_try` requires), and the tile
         of each node and of `tiles`; None when one cannot be added."""
         placed = dict(tiles)
-        pending = list(nodes)
+        pending = self._units(nodes, program)
         state = start
         while pending:
-            steps = [(step, n) for n in pending if (step := self._program_step(n, program, placed, state)) is not None]
+            steps = [(step, unit) for unit in pending
+                     if (step := self._program_step(unit, program, placed, state)) is not None]
             if not steps:
                 return None
-            step, node = min(steps, key=lambda sn: (max(sn[0][1]), sn[0][1], self._rank[sn[0][0]], *sn[0][2:]))
+            step, unit = min(steps, key=lambda su: (max(su[0][1]), su[0][1], self._rank[su[0][0]], *su[0][2:]))
             self.states += 1
             if self.on_state is not None:
                 self.on_state()
@@ -338,13 +368,36 @@ class Generator:
             if nxt is None:
                 return None
             state = nxt
-            placed[node.id] = len(state.tiles) - 1
-            pending.remove(node)
+            placed[unit[-1].id] = len(state.tiles) - 1
+            pending.remove(unit)
         return state, placed
 
-    def _program_step(self, n: Node, program: Program, placed: Mapping[str, int], s: BlockState) -> Step | None:
-        """Program node `n` as a generator step on the tiles of `placed` (None while an operand is
-        not a tile yet, or when the op is not one of this space's block ops)."""
+    def _units(self, nodes: list[Node], program: Program) -> list[list[Node]]:
+        """The nodes as the generator's steps: each of the space's chains (`Chain`) one step (the
+        longest end of each of the program's runs of elementwise ops that is one: a program a
+        norm was moved in has runs with more ops in front), every other node alone."""
+        known = {chain.ops for chain in self.space.chains}
+        among = {n.id for n in nodes}
+        units: list[list[Node]] = []
+        grouped: set[str] = set()
+        for run in chain_runs(program):
+            run = [n for n in run if n.id in among]
+            end = next((run[k:] for k in range(len(run) - 1) if chain_steps(program, run[k:])[0] in known), None)
+            if end is not None:
+                units.append(end)
+                grouped.update(n.id for n in end)
+        return [[n] for n in nodes if n.id not in grouped] + units
+
+    def _program_step(self, unit: list[Node], program: Program, placed: Mapping[str, int], s: BlockState,
+                      ) -> Step | None:
+        """A unit of `_units` as a generator step on the tiles of `placed` (None while an operand
+        is not a tile yet, or when the op is not one of this space's block ops)."""
+        if len(unit) > 1:
+            steps, operands = chain_steps(program, unit)
+            if any(o not in placed for o in operands):
+                return None
+            return CHAIN, tuple(placed[o] for o in operands), (("ops", steps),), ()
+        n = unit[0]
         if n.op not in self.space.block_ops:
             return None
         args: list[int] = []
@@ -379,8 +432,8 @@ class Generator:
         `BODY_CACHE_ENTRIES` most recently used start states)."""
 
         def walk() -> Lazy[tuple[int, BlockState]]:
-            bodies = (body for _, body in self._phase(start, 0, self.max_ops))
-            return Lazy(self._first_per_signature(state for body in bodies for state in self._with_accumulators(body)))
+            return Lazy(lambda: self._first_per_signature(
+                state for _, body in self._phase(start, 0, self.max_ops) for state in self._with_accumulators(body)))
 
         return iter(self._bodies.use(start, walk))
 
@@ -515,6 +568,25 @@ class Generator:
                 for op, _ in hit[0]:
                     if j >= i or op not in COMMUTATIVE:
                         yield op, args, (), ()
+        yield from self._chain_steps(s, mine, newest)
+
+    def _chain_steps(self, s: BlockState, mine: list[int], newest: int) -> Iterator[Step]:
+        """The program's chains (`Chain`) on tiles of this phase holding their operands' values
+        (same e-class, same program dim classes), each choice of such tiles."""
+        for attrs, operands in self._chains:
+            choices = [[k for k in mine if self._holds_value(s.tiles[k], cls, dims)] for cls, dims in operands]
+            for args in product(*choices):
+                if args and max(args) >= newest:
+                    yield CHAIN, tuple(args), attrs, ()
+
+    def inner(self, e: AE) -> bool:
+        """Is this a chain's inner value (`Chain`), which only the chain's step makes?"""
+        return bool(self._inner) and self.oracle.class_of(e) in self._inner
+
+    def _holds_value(self, t: Tile, cls: str | None, dims: tuple[int, ...]) -> bool:
+        """Does a tile hold a value of this e-class laid out with these program dim classes?"""
+        return cls is not None and len(t.pdims) == len(dims) and self.oracle.class_of(t.ae) == cls and \
+            all(p == d or UNIT in (p, d) for p, d in zip(t.pdims, dims, strict=True))
 
     def _single_ops(self, t: Tile) -> tuple[list[RankedStep], list[RankedStep]]:
         """The one-operand ops on a tile (unary, reductions and norms over each non-unit dim, ops
@@ -597,7 +669,8 @@ class Generator:
         if phase == 1 and op != "acc" and any(t.gathers for t in tiles):
             return None  # computing on a gathered (unreduced) tile after the loop repeats the in-loop variant
         ae, pdims, aid = abstract
-        shaped = self._dims(s.classes, op, tiles, attrs, bool(consts))
+        shaped = self._chain_dims(s.classes, [t.dims for t in tiles], dict(attrs)["ops"]) if op == CHAIN else \
+            self._dims(s.classes, op, [t.dims for t in tiles], attrs, bool(consts))
         if shaped is None:
             return None
         classes, dims = shaped
@@ -623,33 +696,45 @@ class Generator:
                     gathers=op == "acc" and _gathers(tiles[0]))
         return BlockState((*s.tiles, tile), classes, used, left, key, s.tied)
 
+    def _chain_dims(self, classes: Classes, operands: list[tuple[int, ...]], steps: tuple[ChainOp, ...],
+                    ) -> tuple[Classes, tuple[int, ...]] | None:
+        """`_dims` of a chain's ops in turn (see `_chained`)."""
+        shaped: tuple[Classes, tuple[int, ...]] | None = classes, operands[0]
+        for op, refs, consts in steps:
+            if shaped is None:
+                return None
+            shaped = self._dims(shaped[0], op, [shaped[1] if r < 0 else operands[r] for r in refs], (), bool(consts))
+        return shaped
+
     def _dims(
-        self, classes: Classes, op: str, tiles: list[Tile], attrs: tuple[tuple[str, Any], ...], has_const: bool,
+        self, classes: Classes, op: str, tiles: list[tuple[int, ...]], attrs: tuple[tuple[str, Any], ...],
+        has_const: bool,
     ) -> tuple[Classes, tuple[int, ...]] | None:
+        """The dims of an op's result on operands of these dims, with the classes it unifies."""
         a = tiles[0]
         if op in ops.UNARY or op == "acc" or op in ("rms_norm", "softmax") or (op in ops.BINARY and has_const):
-            return classes, a.dims
+            return classes, a
         if op in ops.REDUCE:
             named = dict(attrs)
             d = named["dim"]
             if named["keepdim"]:
-                return classes, (*a.dims[:d], UNIT, *a.dims[d + 1 :])
-            return classes, (*a.dims[:d], *a.dims[d + 1 :])
+                return classes, (*a[:d], UNIT, *a[d + 1 :])
+            return classes, (*a[:d], *a[d + 1 :])
         b = tiles[1]
         if op == "matmul":
-            if len(a.dims) < 2 or len(a.dims) != len(b.dims):
+            if len(a) < 2 or len(a) != len(b):
                 return None
             cl: Classes | None = classes
-            for x, y in zip(a.dims[:-2], b.dims[:-2], strict=True):
+            for x, y in zip(a[:-2], b[:-2], strict=True):
                 cl = _unify(cl, x, y, broadcast=False)
-            cl = _unify(cl, a.dims[-1], b.dims[-2], broadcast=False)
-            return None if cl is None else (cl, (*a.dims[:-1], b.dims[-1]))
+            cl = _unify(cl, a[-1], b[-2], broadcast=False)
+            return None if cl is None else (cl, (*a[:-1], b[-1]))
         # elementwise binary, numpy broadcasting over classes
         out: list[int] = []
         cl = classes
-        for k in range(1, max(len(a.dims), len(b.dims)) + 1):
-            x = a.dims[-k] if k <= len(a.dims) else UNIT
-            y = b.dims[-k] if k <= len(b.dims) else UNIT
+        for k in range(1, max(len(a), len(b)) + 1):
+            x = a[-k] if k <= len(a) else UNIT
+            y = b[-k] if k <= len(b) else UNIT
             if x == UNIT or y == UNIT:
                 out.append(y if x == UNIT else x)
                 continue
@@ -695,13 +780,29 @@ class Generator:
         key = (op, attrs, consts, *[t.fid for t in tiles])
         fid = self._fid_memo.get(key)
         if fid is None:
-            args = [self._values[t.fid] for t in tiles]
-            for pos, value in consts:
-                args.insert(pos, np.asarray(value, dtype=np.float64))
+            values = [self._values[t.fid] for t in tiles]
             with np.errstate(all="ignore"):
-                result = apply(self._floats, op, args, dict(attrs), [a.shape for a in args])
+                result = self._chained(values, dict(attrs)["ops"], self._float) if op == CHAIN else \
+                    self._float(op, values, attrs, consts)
             fid = self._fid_memo[key] = self._intern_value(result)
         return fid
+
+    def _float(self, op: str, values: list[np.ndarray], attrs: tuple[tuple[str, Any], ...],
+               consts: tuple[tuple[int, float], ...]) -> np.ndarray:
+        args = list(values)
+        for pos, value in consts:
+            args.insert(pos, np.asarray(value, dtype=np.float64))
+        return apply(self._floats, op, args, dict(attrs), [a.shape for a in args])
+
+    @staticmethod
+    def _chained(operands: list[V], steps: tuple[ChainOp, ...],
+                 one: Callable[[str, list[V], tuple[tuple[str, Any], ...], tuple[tuple[int, float], ...]], V]) -> V:
+        """A chain's value (`Chain`): its ops in turn, each on the previous one's value (-1) and
+        the chain's operands, by `one` (an op's abstract or numeric value)."""
+        value = operands[0]  # the first op reads no previous value
+        for op, refs, consts in steps:
+            value = one(op, [value if r < 0 else operands[r] for r in refs], (), consts)
+        return value
 
     def _intern_value(self, value: np.ndarray) -> int:
         with np.errstate(over="ignore"):  # beyond float32: inf, as good a fingerprint
@@ -781,13 +882,20 @@ class Generator:
         hit = self._memo.get(key, _MISSING)
         if hit is not _MISSING:
             return hit  # type: ignore[return-value]
-        args: list[AV] = [(t.ae, t.pdims) for t in tiles]
-        for pos, value in consts:
-            args.insert(pos, self.alg.const(value))
-        value = apply(self.alg, op, args, dict(attrs), [])
-        result = (*value, self._intern(value[0])) if self.oracle.contains(value[0]) else None
+        operands: list[AV] = [(t.ae, t.pdims) for t in tiles]
+        value = self._chained(operands, dict(attrs)["ops"], self._abstract) if op == CHAIN else \
+            self._abstract(op, operands, attrs, consts)
+        admitted = self.oracle.contains(value[0]) and (op == CHAIN or not self.inner(value[0]))
+        result = (*value, self._intern(value[0])) if admitted else None
         self._memo[key] = result
         return result
+
+    def _abstract(self, op: str, operands: list[AV], attrs: tuple[tuple[str, Any], ...],
+                  consts: tuple[tuple[int, float], ...]) -> AV:
+        args = list(operands)
+        for pos, value in consts:
+            args.insert(pos, self.alg.const(value))
+        return self.alg.apply(op, args, dict(attrs), [])
 
     # -- completeness ----------------------------------------------------------------------------
     def complete(self, s: BlockState, max_outputs: int | None = None) -> bool:
@@ -813,9 +921,16 @@ def _post_loop_ops(program: Program) -> set[str]:
     for n in ops_:
         if n.op == "matmul" or any(i in inputs for i in n.inputs) or (n.op in ops.REDUCE and n.inputs[0] in body):
             body.add(n.id)
-    for n in reversed(ops_):  # what the body and the products read is body too
-        if n.id in body:
-            body.update(i for i in n.inputs if program.nodes[i].op not in ("input", "const"))
+    runs = chain_runs(program)
+    grown = -1
+    while grown != len(body):  # a chain is one step: all in the body when any of it is
+        grown = len(body)
+        for n in reversed(ops_):  # what the body and the products read is body too
+            if n.id in body:
+                body.update(i for i in n.inputs if program.nodes[i].op not in ("input", "const"))
+        for run in runs:
+            if any(n.id in body for n in run):
+                body.update(n.id for n in run)
     return {n.id for n in ops_ if n.id not in body}
 
 

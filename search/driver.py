@@ -39,6 +39,7 @@ import functools
 import gc
 import resource
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from itertools import chain
@@ -98,6 +99,7 @@ class Outcome:
     stats: SearchStats
     rejected: list[tuple[str, str]] = field(default_factory=list)  # (sGraph name, why), for reports
     dominated: list[SGraph] = field(default_factory=list)  # not verified: behind CONTENDERS verified ones
+    bounds: Counter[str] = field(default_factory=Counter)  # what the time bound cut, by floor (`Floors._cut`)
 
     @property
     def best(self) -> Verified:
@@ -142,6 +144,7 @@ class ShardResult:
     bodies: list[Body] = field(default_factory=list)  # a walk shard's loop bodies
     firsts: list[FirstKernel] = field(default_factory=list)  # a `deeper` shard's first kernels
     held: list[tuple[Key, SGraph]] = field(default_factory=list)  # held, not proved yet (`Shard.hold_states`)
+    cuts: Counter[str] = field(default_factory=Counter)  # `bounded`, by the floor that cut them
 
 
 class Searcher:
@@ -162,6 +165,9 @@ class Searcher:
         # candidate text -> its verification, why it was dropped, or its ranking (not verified yet);
         # shared with a probe's searcher (`run_search`): neither depends on the search bounds
         self.decided: dict[str, Verified | str | list[Ranked]] = {} if decided is None else decided
+        # keys of candidates proved elsewhere while a shard runs here (by the probe it ran): they
+        # tighten its bound at once (`run`)
+        self.learned: list[Key] = []
 
     def forget(self) -> None:
         """Break the reference cycles of a finished search (`KernelSearch.forget`, the callbacks):
@@ -232,7 +238,7 @@ class Searcher:
         if shard.settle:
             return self._settle(shard)
         ks = self.search
-        states0, pruned0, bounded0 = ks.total_states, ks.total_pruned, ks.bounded
+        states0, pruned0, bounded0, cuts0 = ks.total_states, ks.total_pruned, ks.bounded, Counter(ks.cuts)
         ks.deadline = deadline
         ks.keep = shard.keep
         ks.max_states = None if max_states is None else states0 + max_states
@@ -249,6 +255,14 @@ class Searcher:
 
         held = list(shard.held)  # with those found in the shard's first `shard.hold_states` states
         limit: Key | None = None
+        learned = len(self.learned)
+
+        def learn() -> None:
+            nonlocal best, limit, learned
+            if len(self.learned) > learned:
+                best = sorted({*best, *self.learned[learned:]})[:shard.keep]
+                learned = len(self.learned)
+                limit = bound()
 
         def take(sg: SGraph, hold: bool = False) -> None:
             nonlocal best, limit
@@ -273,6 +287,7 @@ class Searcher:
                 prove_held()
             if outer is not None:
                 outer(k)
+                learn()
 
         exhausted = False
         try:
@@ -300,7 +315,7 @@ class Searcher:
             ks.bound_s, ks.on_state = float("inf"), outer
         shard = replace(shard, bodies=None, firsts=None, held=())  # the driver has them: not sent back
         return ShardResult(shard, verified, rejected, ks.total_states - states0, ks.total_pruned - pruned0, exhausted,
-                           dominated, deferred, ks.bounded - bounded0, firsts=firsts, held=held)
+                           dominated, deferred, ks.bounded - bounded0, firsts=firsts, held=held, cuts=ks.cuts - cuts0)
 
     def _settle(self, shard: Shard) -> ShardResult:
         """Prove the shard's tied candidates, best first, until `keep` of the best known are proved;
@@ -389,6 +404,7 @@ def run_search(
             run_probe = probing.pop()  # decided once: the best only gets faster, deeper graphs no likelier
             if deeper_may_win(2, ks):
                 run_probe(1, *live(ks))
+                local.learned.extend(best_keys())  # the interrupted shard's bound
         now = time.monotonic()
         if now - last[0] > 0.5:
             last[0] = now
@@ -442,6 +458,7 @@ def run_search(
             tied.setdefault(key[2], (key, sg))
         pending.extend(result.held)
         stats.budget_exhausted |= result.exhausted
+        outcome.bounds.update(result.cuts)
 
     def holding() -> int:
         """What is left of the search's first `HOLD_STATES` states (the probe's included)."""

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+from collections import Counter
 from collections.abc import Callable, Collection, Mapping, Sequence
 from itertools import combinations, product
 from typing import Any
@@ -61,6 +62,7 @@ class Floors:
     keep: int  # first kernels kept per computation (`undominated`)
     pruned: int
     bounded: int  # graphs cut by the bound
+    cuts: Counter[str]  # what the bound cut, by the floor that cut it (`_cut`)
 
     def _init_floors(self) -> None:
         """The program's facts the floors read, and the memos of the floors."""
@@ -94,6 +96,12 @@ class Floors:
         self._nbytes = min(get_dtype(n.dtype or "f32").nbytes for n in self.program.inputs)
         self._output_bytes = [self._bytes(KTensor(n.id, n.size_shape, ("c",), ())) for n in self._outputs]
         self._target_leaves = [input_leaves(values[o][0]) for o in self.program.outputs]  # see `_inputs_of`
+
+    def _cut(self, floor: str) -> None:
+        """Count a cut by the bound: which floor made it says where the time of a search goes."""
+        self.pruned += 1
+        self.bounded += 1
+        self.cuts[floor] += 1
 
     def _bytes(self, t: KTensor) -> float:
         """The fewest bytes tensor `t` can have (a chunked dim counts one chunk)."""
@@ -228,16 +236,14 @@ class Floors:
         after = self.space.launches(1) * self.launch_s + self._owed(st)(()) / self.bandwidth
         if self.target is not None and self.bound_s < math.inf and \
                 self._grid_floor(st, st.kernels[0]) + after > self.bound_s:
-            self.pruned += 1
-            self.bounded += 1
+            self._cut("first kernel")
             return None
         prefix = self._prefix(st) if self.target is not None else None
         if prefix is None:
             return FirstKernel(st, None, "")
         floors = self._floors(st, *prefix, st.kernels[0])
         if min(floors.values(), default=math.inf) + after > self.bound_s:
-            self.pruned += 1
-            self.bounded += 1
+            self._cut("first kernel")
             return None
         return FirstKernel(st, floors, prefix[0].dumps())
 
@@ -318,7 +324,8 @@ class Floors:
     def _too_slow(self, s: KState, floor_s: float, inputs: Sequence[int]) -> bool:
         """Would any last library kernel reading these tensors exceed the bound?"""
         too_slow = floor_s + sum(self._bytes(s.tensors[i]) for i in set(inputs)) / self.bandwidth > self.bound_s
-        self.bounded += too_slow
+        if too_slow:
+            self._cut("last library kernel")
         return too_slow
 
     def _whole_floor(

@@ -18,13 +18,17 @@ depth, first kernels over more inputs come first (fusion first), and each shard 
 twice: graphs whose last kernel only combines computed tensors, then those whose last kernel reads
 program inputs again; from three kernels on, all that first with a library second kernel, then
 with a graph-defined one (see `candidates_in`). States that cannot beat the best proved candidate
-are cut by the floors of `search.floors` (`Floors`, this search's base class).
+are cut by the floors of `search.floors` (`Floors`, this search's base class); a block space being
+walked is cut as soon as the bound falls below its floor (`_walk`), and every cut is counted by the
+floor that made it (`cuts`). No kernel writes, and no program split ends inside, an elementwise
+chain (`search.space.Chain`: one block op).
 """
 
 from __future__ import annotations
 
 import math
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from itertools import combinations
@@ -43,11 +47,10 @@ from superopt.config import (
 )
 from superopt.dimclasses import input_classes
 from superopt.object_cache import BoundedDict, ObjectCache
-from superopt.primitives import apply
 from superopt.program import Node, Program, Tensor
 from superopt.search.block import BlockState, Body, Generator, InputSpec, Lazy
 from superopt.search.floors import Floors, same_classes
-from superopt.search.space import Space
+from superopt.search.space import Space, chain_runs
 from superopt.search.states import FirstKernel, KState, KTensor
 from superopt.search.tiling import PLAN_ENTRIES, Chunk, Plans, Sink, output_shape, resolve, resolve_fixed, sinks
 from superopt.search.views import ProgramViews
@@ -65,6 +68,10 @@ BLOCK_CACHE_STATES = 100_000  # block graphs kept in all (beyond those of the co
 
 class BudgetExhausted(Exception):
     """The search ran out of time or states (the caller keeps the best found so far)."""
+
+
+class Bounded(Exception):
+    """No block graph of the walk under way can beat the bound any more (`KernelSearch._walk`)."""
 
 
 @dataclass
@@ -90,6 +97,7 @@ class KernelSearch(Floors):
     bandwidth: float = field(init=False, default=float("inf"))  # DRAM bytes per second
     launch_s: float = field(init=False, default=0.0)
     bounded: int = 0  # graphs cut by the bound (they might win at another shape)
+    cuts: Counter[str] = field(default_factory=Counter)  # the same, by the floor that cut them (`_cut`)
     keep: int = 1  # first kernels kept per computation (`undominated`): the driver's contenders
     views: ProgramViews | None = None  # the views the searched program leaves out (estimates read them as stored)
     _gen: Generator = field(init=False)
@@ -99,6 +107,8 @@ class KernelSearch(Floors):
             self.bandwidth, self.launch_s = self.target.dram_bytes_per_s, self.target.launch_overhead_s
         self._first_kernels: dict[tuple[FirstChoice, tuple[int, int]], list[FirstKernel]] = {}  # see first_kernels
         self._plans: Plans = ObjectCache(PLAN_ENTRIES)  # block graph -> its tilings (see `resolve`)
+        # While a block space is walked: whether the bound now cuts all of it (see `_walk`).
+        self._walk_cut: Callable[[], bool] | None = None
         self._gen = Generator(self.space, self.oracle, self.config.max_block_ops, on_state=self._tick,
                               no_loop_tilings=not self.config.concrete,
                               max_outputs=max(MAX_OUTPUTS, len(self.program.outputs)))
@@ -111,6 +121,9 @@ class KernelSearch(Floors):
         self._reshapes = {(self.oracle.class_of(self._values[n.inputs[0]][0]), self._values[n.inputs[0]][1],
                            n.size_shape): self._values[n.id][1]
                           for n in self.program.topological() if n.op == "reshape"}
+        runs = chain_runs(self.program)
+        self._run_of = {n.id: k for k, run in enumerate(runs) for n in run}  # program node -> its chain
+        self._inner_nodes = {n.id for run in runs for n in run[:-1]}
         self._library_attrs: dict[str, list[dict[str, Any]]] = {}
         for n in self.program.topological():
             if n.op in ("input", "const"):
@@ -141,6 +154,43 @@ class KernelSearch(Floors):
         self._within_deadline()
         if self.max_states is not None and self.total_states >= self.max_states:
             raise BudgetExhausted("states")
+        if self._walk_cut is not None and self._walk_cut():
+            raise Bounded
+
+    def _walk(self, blocks: Iterator[BlockState], cut: Callable[[], bool], ended: list[bool]) -> Iterator[BlockState]:
+        """The block graphs of `blocks` until `cut` says that none of them can beat the bound: asked
+        at every state of their generation, not only before it, for the bound tightens while a
+        block space is walked (a candidate proved by it, or by the probe the walk ran: qknorm_gqa's
+        one-kernel search went on for 35,000 states after the probe had proved 11.7 us, beyond
+        any one kernel's 23.0). `ended` is set when the walk was cut."""
+        it = iter(blocks)
+        while True:
+            outer, self._walk_cut = self._walk_cut, cut
+            try:
+                block = next(it)
+            except StopIteration:
+                return
+            except Bounded:
+                self._cut("block walk")
+                ended.append(True)
+                return
+            finally:
+                self._walk_cut = outer
+            yield block
+
+    def _walk_floor(self, floor: Callable[[], float]) -> Callable[[], bool]:
+        """`_walk`'s test: the bound is below `floor` (the least time of any graph the walk leads
+        to), computed once the bound is known."""
+        known: list[float] = []
+
+        def cut() -> bool:
+            if self.bound_s == float("inf"):
+                return False
+            if not known:
+                known.append(floor())
+            return known[0] > self.bound_s
+
+        return cut
 
     def _within_deadline(self) -> None:
         """Past the deadline, stop. Asked at every new state, and between first kernels being
@@ -262,8 +312,7 @@ class KernelSearch(Floors):
         first kernels over X and one weight are cut by this alone)."""
         if self.bound_s == float("inf") or self._middle_floor(self.initial(), depth - 1, part)(subset) <= self.bound_s:
             return False
-        self.pruned += 1
-        self.bounded += 1
+        self._cut("first kernel's inputs")
         return True
 
     def first_kernels(self, choice: FirstChoice, part: tuple[int, int] = (1, 0)) -> list[FirstKernel]:
@@ -368,8 +417,18 @@ class KernelSearch(Floors):
         if ops_[start].op not in self.space.block_ops:
             return [start + 1]
         stop = next((k for k in range(start, len(ops_)) if ops_[k].op not in self.space.block_ops), len(ops_))
-        return [e for e in range(min(stop, start + self.config.max_block_ops), start, -1)
-                if self._one_part(ops_[start:e], ops_[e:])]
+        return [e for e in range(stop, start, -1) if self._block_steps(ops_[start:e]) <= self.config.max_block_ops
+                and not self._cuts_chain(ops_, e) and self._one_part(ops_[start:e], ops_[e:])]
+
+    def _block_steps(self, nodes: list[Node]) -> int:
+        """The block ops these program nodes take: a chain (`Chain`) is one."""
+        return sum(1 for n in nodes if n.id not in self._inner_nodes)
+
+    def _cuts_chain(self, ops_: list[Node], end: int) -> bool:
+        """Would a part ending here cut a chain (its ops on both sides)? No block graph can write
+        a chain's inner value."""
+        return bool({self._run_of.get(n.id) for n in ops_[:end]} & {self._run_of.get(n.id) for n in ops_[end:]}
+                    - {None})
 
     def _one_part(self, nodes: list[Node], after: list[Node]) -> bool:
         ids = {n.id for n in nodes}
@@ -452,8 +511,7 @@ class KernelSearch(Floors):
             if launches + owed + self._known_spent(state) > self.bound_s or launches + max(
                     self._spent(state) + owed,
                     self._merged_later(state, lambda chunks: chunks * self._iteration_s)) > self.bound_s:
-                self.pruned += 1
-                self.bounded += 1
+                self._cut("kernels so far")
                 return
         if len(state.kernels) == depth:
             cand = self._candidate(state)
@@ -533,14 +591,15 @@ class KernelSearch(Floors):
                     except ops.OpError:
                         continue
                     operands = [(s.tensors[a].ae, s.tensors[a].classes) for a in args]
-                    ae, classes = apply(self._alg, op, operands, attrs, [])
+                    ae, classes = self._alg.apply(op, operands, attrs, [])
                     if op == "reshape":
                         reshaped = self._reshapes.get((self.oracle.class_of(ae), operands[0][1], shape))
                         if reshaped is None:
                             self.pruned += 1
                             continue  # no prover rule moves a reshape: one of another value is never proved
                         classes = reshaped
-                    if not self.oracle.contains(ae) or self._repeats(s, ae, shape, None, classes):
+                    if not self.oracle.contains(ae) or self._gen.inner(ae) or \
+                            self._repeats(s, ae, shape, None, classes):
                         self.pruned += 1
                         continue
                     if final and not self._completes(missing, [(ae, shape, classes)]):
@@ -582,12 +641,10 @@ class KernelSearch(Floors):
                 if final and not spans <= set().union(*(s.tensors[i].classes for i in subset)):
                     continue  # and a dim of each class its outputs have (block ops make no dims)
                 if final and self._last_graph_floor(s, spent, subset, missing) > self.bound_s:
-                    self.pruned += 1
-                    self.bounded += 1
+                    self._cut("last kernel's inputs")
                     continue
                 if middle is not None and middle(subset) > self.bound_s:
-                    self.pruned += 1
-                    self.bounded += 1
+                    self._cut("middle kernel's inputs")
                     continue
                 chunks = {c.axis for i in subset if (c := s.tensors[i].chunk) is not None}
                 if len(chunks) > 1:
@@ -603,7 +660,9 @@ class KernelSearch(Floors):
                 walks = 0 if walk is None else self._middle_walks.get(walk, 0)
                 least = math.inf if walk is not None and walks == 1 and self.target is not None else None
                 blocks = self._blocks(specs, part) if program is None else self._program_blocks(s, specs, program)
-                for block in blocks:
+                ended: list[bool] = []
+                cut = self._walk_floor(self._subset_floor(s, subset, final, later, first, part))
+                for block in self._walk(blocks, cut, ended):
                     if final and not self._completes_exactly(missing, sinks(block)):
                         self.pruned += 1
                         continue
@@ -611,8 +670,7 @@ class KernelSearch(Floors):
                             and middle(subset, *tiled) > self.bound_s:
                         if least is not None:  # its kernels take at least its own floor
                             least = min(least, tiled[0])
-                        self.pruned += 1
-                        self.bounded += 1
+                        self._cut("middle block graph")
                         continue
                     kid = f"k{len(s.kernels)}"
                     ids = [t.id for t in s.tensors]
@@ -629,10 +687,21 @@ class KernelSearch(Floors):
                             self.pruned += 1
                             continue
                         yield KState((*s.tensors, *outputs), (*s.kernels, res.kernel), key, s.graph_kernels + 1)
-                if walk is not None:
+                if walk is not None and not ended:  # a walk cut short knows no least time
                     self._middle_walks[walk] = walks + 1
                     if least is not None:
                         self._middle_least[walk] = least
+
+    def _subset_floor(self, s: KState, subset: tuple[int, ...], final: bool, later: int, first: bool,
+                      part: tuple[int, int]) -> Callable[[], float]:
+        """The least time of any graph through a kernel of `s` over these tensors, as `_graph_moves`
+        bounds it before its block graphs: a last kernel's (`_last_graph_floor`), or a middle or
+        first one's (`_middle_floor`); 0 for the others."""
+        if final:
+            return lambda: self._last_graph_floor(s, self._spent(s), subset, self._missing(s))
+        if later or first:
+            return lambda: self._middle_floor(s, max(later, 1), part, then_last=not first)(subset)
+        return lambda: 0.0
 
     def _concrete_moves(
         self, s: KState, subset: tuple[int, ...], specs: list[InputSpec], final: bool, missing: list[int],
@@ -675,7 +744,7 @@ class KernelSearch(Floors):
         replays what was generated and continues from there. Kept for the most recently used
         combinations of inputs, within `BLOCK_CACHE_ENTRIES` and `BLOCK_CACHE_STATES`."""
         key = (part, *((sp.shape, sp.ae, sp.classes, sp.tied_dim) for sp in specs))
-        lazy = self.block_cache.use(key, lambda: Lazy(self._gen.complete_graphs(self._gen.start(specs), part)))
+        lazy = self.block_cache.use(key, lambda: Lazy(lambda: self._gen.complete_graphs(self._gen.start(specs), part)))
         for state in lazy:
             self._tick()
             yield state

@@ -5,20 +5,41 @@ reduction (rms_norm, softmax, mean) the primitives of their definition too, beca
 splits such a reduction across loop iterations (an rms_norm becomes a mean of squares accumulated
 over the loop, then a square root and a division after it). Elementwise composites (silu, gelu,
 sigmoid, rsqrt, square) stay whole: they fuse as they are. Constants are the program's constants
-and those of the composites' definitions (eps), so `x + eps` is one generator step.
+and those of the composites' definitions (eps), so `x + eps` is one generator step. A run of
+elementwise ops each read only by the next (`Chain`) is one step, taken whole.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from superopt import ops
 from superopt.config import SPLITTABLE, UNSUPPORTED
-from superopt.program import Program
+from superopt.program import Node, Program
+from superopt.verifier.oracle import AE, AV, abstract_program
+
+# One op of a chain: op, its operands (-1: the previous op's value; i >= 0: the chain's i-th
+# operand), and its constant operands (position, value), as a block tile holds them.
+ChainOp = tuple[str, tuple[int, ...], tuple[tuple[int, float], ...]]
 
 
 class UnsupportedProgram(ValueError):
     """A program the search cannot handle (message names the node and op)."""
+
+
+@dataclass(frozen=True)
+class Chain:
+    """A maximal run of the program's elementwise ops, each but the last read only by the next
+    (bias adds, scales, activations, residual adds). A block graph computes it as one step (one
+    block op of the bound): its inner values are never tiles, so no kernel or loop boundary cuts
+    it and no block graph rearranges it. Cutting a chain only writes and reads a value in between;
+    as its own steps, a chain of n ops made every block graph of each of its n cut points, and
+    a search over a 16-op chain outlasted any budget."""
+
+    ops: tuple[ChainOp, ...]
+    operands: tuple[AV, ...]  # the abstract values it reads, in order of first use
+    inner: tuple[AE, ...]  # the values of all its ops but the last
 
 
 @dataclass(frozen=True)
@@ -28,6 +49,10 @@ class Space:
     constants: tuple[float, ...]
     keepdim_false: bool  # whether reductions that drop their dim appear in the program
     free_kernels: int | None  # kernels of a schedule that may be free views (None: any number)
+    chains: tuple[Chain, ...] = ()  # the program's elementwise chains of two ops or more
+    # the values of the program's other ops: an inner value of a chain equal to one of them is a
+    # value of its own (a block graph may compute it alone)
+    outer: tuple[AE, ...] = ()
 
     def rank(self, op: str) -> int:
         return self.block_ops.index(op) if op in self.block_ops else len(self.block_ops) + (op == "acc")
@@ -60,7 +85,62 @@ def space_of(program: Program) -> Space:
             consts.append(float(n.attrs["eps"]))
     block = tuple(op for op in _ORDER if op in seen and op not in UNSUPPORTED)
     library = tuple(op for op in _ORDER if op in written)
-    return Space(block, library, tuple(dict.fromkeys(consts)), keepdim_false, _free_kernels(program))
+    values = abstract_program(program)
+    runs = chain_runs(program)
+    chains = tuple(Chain(steps, tuple(values[o] for o in operands), tuple(values[n.id][0] for n in run[:-1]))
+                   for run in runs for steps, operands in [chain_steps(program, run)])
+    inner = {n.id for run in runs for n in run[:-1]}
+    outer = tuple(values[n.id][0] for n in program.topological() if n.op != "const" and n.id not in inner)
+    return Space(block, library, tuple(dict.fromkeys(consts)), keepdim_false, _free_kernels(program), chains, outer)
+
+
+def chain_runs(program: Program) -> list[list[Node]]:
+    """The program's elementwise chains of two ops or more (`Chain`), as runs of its nodes. A node
+    continues the run of the first of its operands that is elementwise, no output, and read by
+    it alone."""
+    readers: dict[str, set[str]] = {}
+    for n in program.topological():
+        for i in n.inputs:
+            readers.setdefault(i, set()).add(n.id)
+    nxt: dict[str, Node] = {}
+    for n in program.topological():
+        if n.op not in ops.ELEMENTWISE:
+            continue
+        for i in n.inputs:
+            prev = program.nodes[i]
+            if prev.op in ops.ELEMENTWISE and readers[i] == {n.id} and i not in program.outputs:
+                nxt[i] = n
+                break
+    continued = {n.id for n in nxt.values()}
+    runs = []
+    for n in program.topological():
+        if n.id in nxt and n.id not in continued:
+            run = [n]
+            while run[-1].id in nxt:
+                run.append(nxt[run[-1].id])
+            runs.append(run)
+    return runs
+
+
+def chain_steps(program: Program, run: Sequence[Node]) -> tuple[tuple[ChainOp, ...], tuple[str, ...]]:
+    """A run's ops (`ChainOp`) and the program nodes they read from outside it, in order of first
+    use (the run's operands). Constants are the ops' own, as a block tile holds them."""
+    operands: list[str] = []
+    steps: list[ChainOp] = []
+    for k, n in enumerate(run):
+        refs: list[int] = []
+        consts: list[tuple[int, float]] = []
+        for pos, i in enumerate(n.inputs):
+            if k and i == run[k - 1].id:
+                refs.append(-1)
+            elif program.nodes[i].op == "const":
+                consts.append((pos, float(program.nodes[i].attrs["value"])))
+            else:
+                if i not in operands:
+                    operands.append(i)
+                refs.append(operands.index(i))
+        steps.append((n.op, tuple(refs), tuple(consts)))
+    return tuple(steps), tuple(operands)
 
 
 def _free_kernels(program: Program) -> int | None:

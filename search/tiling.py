@@ -22,7 +22,7 @@ from superopt import ops
 from superopt.build import BlockBuilder
 from superopt.dimclasses import NO_CLASS
 from superopt.object_cache import ObjectCache
-from superopt.search.block import UNIT, BlockState, InputSpec, Tile
+from superopt.search.block import CHAIN, UNIT, BlockState, InputSpec, Tile
 from superopt.sgraph import GraphKernel
 from superopt.sizes import Size
 from superopt.verifier.oracle import AE
@@ -427,6 +427,8 @@ def _statuses(
 
 
 def _status(t: Tile, a: list[str], root_dims: list[tuple[int, ...]], axis: frozenset[int]) -> str:
+    if t.op == CHAIN:
+        return _chain_status(t, a, root_dims, axis)
     op = t.op
     if op == "acc":
         return a[0]
@@ -484,6 +486,17 @@ def _status(t: Tile, a: list[str], root_dims: list[tuple[int, ...]], axis: froze
     return SPLIT if SPLIT in (x, y) else NONE
 
 
+def _chain_status(t: Tile, a: list[str], root_dims: list[tuple[int, ...]], axis: frozenset[int]) -> str:
+    """A chain's status: its elementwise ops' in turn (no statuses of theirs read dims)."""
+    status = a[0]
+    for op, refs, consts in dict(t.attrs)["ops"]:
+        step = Tile(op, (), (), t.phase, t.dims, t.ae, t.pdims, consts=consts)
+        status = _status(step, [status if r < 0 else a[r] for r in refs], root_dims, axis)
+        if status == BAD:
+            return BAD
+    return status
+
+
 def _build(
     s: BlockState, inputs: Sequence[InputSpec], tensor_ids: Sequence[str], kid: str, axes: list[Axis],
     tie: tuple[str, Size] | None, loop: frozenset[int] | None, loop_size: int | None,
@@ -499,24 +512,38 @@ def _build(
     kb = BlockBuilder(kid, [(ax.name, ax.size) for ax in axes], loop_axis)
     names: dict[int, str] = {}
     const_ids: dict[tuple[int, float], str] = {}
+
+    def const(phase: int, value: float) -> str:
+        """The block's constant of this value in this phase (made once)."""
+        cid = const_ids.get((phase, value))
+        if cid is None:
+            adder = kb.op if phase == 0 else kb.after
+            cid = const_ids[(phase, value)] = adder("const", name=f"c{len(const_ids)}", value=value)
+        return cid
+
     for k, t in enumerate(s.tiles):
         if t.op == "input":
             spec = inputs[k]
             names[k] = kb.input(tensor_ids[spec.tensor], imaps[k], fmaps[k], name=f"in{k}")
             continue
         args = [names[a] for a in t.args]
+        adder = kb.op if t.phase == 0 else kb.after
+        if t.op == CHAIN:  # its ops in turn, the last one named as the tile
+            steps = dict(t.attrs)["ops"]
+            value = ""
+            for n, (op, refs, consts) in enumerate(steps):
+                operands = [value if r < 0 else args[r] for r in refs]
+                for pos, c in consts:
+                    operands.insert(pos, const(t.phase, c))
+                value = adder(op, *operands, name=f"v{k}" if n == len(steps) - 1 else f"v{k}_{n}")
+            names[k] = value
+            continue
         for pos, value in t.consts:
-            cid = const_ids.get((t.phase, value))
-            if cid is None:
-                adder = kb.op if t.phase == 0 else kb.after
-                cid = adder("const", name=f"c{len(const_ids)}", value=value)
-                const_ids[(t.phase, value)] = cid
-            args.insert(pos, cid)
+            args.insert(pos, const(t.phase, value))
         if t.op == "acc":
             kind, dim = acc_kind[k]
             names[k] = kb.acc(args[0], kind, dim, name=f"a{k}")
             continue
-        adder = kb.op if t.phase == 0 else kb.after
         names[k] = adder(t.op, *args, name=f"v{k}", **dict(t.attrs))
     outputs: list[tuple[str, int, Chunk | None]] = []
     for j, (o, omap, chunk) in enumerate(zip(outs, omaps, chunks, strict=True)):

@@ -8,6 +8,7 @@ import json
 import time
 import weakref
 from collections.abc import Iterator
+from dataclasses import replace
 
 import pytest
 from kernel_shapes import attention_block, llama_mlp, norm_projections
@@ -85,6 +86,16 @@ def test_gated_mlp_rediscovers_the_fused_family(searched):
     assert {i.tensor: i.fmap for i in k.block.inputs} == {"X": 1, "W1": 0, "W2": 0}
 
 
+def _ops(tiles: Iterator, consts: bool = False) -> list[str]:
+    """The block ops of these tiles, each chain's (`Chain`) one by one; `consts`: a "const" for
+    each op with constant operands too, as an sGraph lists them."""
+    out = []
+    for t in tiles:
+        steps = dict(t.attrs)["ops"] if t.op == "chain" else [(t.op, t.args, t.consts)]
+        out += [op for op, _, c in steps] + ["const"] * sum(1 for _, _, c in steps if c and consts)
+    return out
+
+
 def test_pruning_keeps_every_reference_block_graph(h100):
     """The generator, with the oracle pruning, produces the reference's block graph (up to naming)
     for every single-kernel reference: pruning never cuts its prefixes."""
@@ -97,9 +108,8 @@ def test_pruning_keeps_every_reference_block_graph(h100):
         gen = Generator(space_of(program), ks.oracle, len(k.block.body) + len(k.block.post))
         seen = set()
         for s in gen.complete_graphs(gen.start(specs)):
-            body = sorted(t.op for t in s.tiles if t.phase == 0 and t.op != "input")
-            post = sorted([t.op for t in s.tiles if t.phase == 1 and t.op != "acc"] + ["const"] * sum(
-                1 for t in s.tiles if t.phase == 1 and t.consts))
+            body = sorted(_ops(t for t in s.tiles if t.phase == 0 and t.op != "input"))
+            post = sorted(_ops((t for t in s.tiles if t.phase == 1 and t.op != "acc"), consts=True))
             seen.add((tuple(body), len([t for t in s.tiles if t.op == "acc"]), tuple(post)))
         assert (tuple(want[0]), len(want[1]), tuple(want[2])) in seen, name
 
@@ -687,62 +697,69 @@ def _program_ops(p: Program) -> list[str]:
     return sorted(n.op for n in p.topological() if n.op not in ("input", "const"))
 
 
-def _long_chain(pairs: int) -> Program:
-    """t = unary(binary(t, Y)), `pairs` times from t = X (found by probing optimize): two inputs,
-    2 x `pairs` ops, beyond one block graph's 11 from 6 pairs on."""
+SMALL = SearchConfig(max_block_ops=3)  # block graphs `_long_chain` outgrows
+
+
+def _long_chain(stages: int) -> Program:
+    """t = t + unary(binary(t, Y)), `stages` times from t = X: two inputs, 3 x `stages` ops, each
+    stage one chain (`Chain`: one block op), beyond one block graph of `SMALL_BLOCKS` ops from 4
+    stages on. (A chain of any length is one block op: t = unary(binary(t, Y)) alone, found by
+    probing optimize, is one chain, and no longer too large for one block graph.)"""
     p = Program("long_chain")
     x, y = p.input("X", (8, 16), "f16"), p.input("Y", (8, 16), "f16")
     t = x
-    for i in range(pairs):
-        t = p.op(["sigmoid", "silu", "neg", "square", "relu"][i % 5], p.op(["add", "mul", "sub"][i % 3], t, y))
+    for i in range(stages):
+        t = t + p.op(["sigmoid", "silu", "neg", "square", "relu"][i % 5], p.op(["add", "mul", "sub"][i % 3], t, y))
     p.output(t)
     return p
 
 
 def test_a_program_too_large_for_one_kernel_is_cut_into_fused_parts_at_once(h100, monkeypatch):
-    """A 14-op chain over two inputs does not fit one block graph, and its one-kernel search
-    outlasts any budget (100,000 states in 20 s): it used to get the unfused baseline, 14
-    kernels. Cut into consecutive parts that each fit one kernel (`program_split`), it has a
-    2-kernel schedule, proved, before any shard runs; without the cut the same states find none."""
-    p = _long_chain(7)
-    ks = KernelSearch(p, space_of(p), Oracle(p), SearchConfig(), target=h100)
+    """Five chains over two inputs do not fit one block graph of three ops. Cut into consecutive
+    parts that each fit one kernel (`program_split`), the program has a 2-kernel schedule, proved,
+    before any shard runs, and bounds the rest. (A 14-op chain, before chains were one block op,
+    did not fit 11 ops, and its one-kernel search outlasted any budget: without the cut it got
+    the unfused baseline.)"""
+    p = _long_chain(5)
+    ks = KernelSearch(p, space_of(p), Oracle(p), SMALL, target=h100)
     parts = ks._split(ks._split_orders()[0])[0]
-    assert len(parts) == 2 and all(len(part) <= 11 for part in parts)
+    assert len(parts) == 2 and all(ks._block_steps(part) <= SMALL.max_block_ops for part in parts)
     assert [n.id for part in parts for n in part] == [n.id for n in p.topological() if n.op != "input"]
     split = ks.program_split()
     assert split and min(len(sg.kernels) for sg in split) == 2
     assert all(isinstance(k, GraphKernel) for sg in split if len(sg.kernels) == 2 for k in sg.kernels)
-    seeded = run_search(p, h100, SearchConfig(), max_states=3_000)
-    assert seeded.stats.budget_exhausted and seeded.best.verdict.proved
+    seeded = run_search(p, h100, SMALL)
+    assert not seeded.stats.budget_exhausted and seeded.best.verdict.proved
     assert len(seeded.best.sgraph.kernels) == 2 and seeded.best.sgraph.dumps() in {sg.dumps() for sg in split}
     # Part programs name their inputs by the tensors' ids: a program node named like one is renamed.
-    clash = _long_chain(7)
+    clash = _long_chain(5)
     last = next(n for n in reversed(clash.topological()) if n.op != "input")
     clash = Program.from_json(json.loads(json.dumps(clash.to_json()).replace(f'"{last.id}"', '"k0_out0"')))
     assert clash.outputs == ["k0_out0"]
-    assert KernelSearch(clash, space_of(clash), Oracle(clash), SearchConfig(), target=h100).program_split()
+    assert KernelSearch(clash, space_of(clash), Oracle(clash), SMALL, target=h100).program_split()
     monkeypatch.setattr(KernelSearch, "program_split", lambda self, whole=False: [])
-    unseeded = run_search(p, h100, SearchConfig(), max_states=3_000)
-    assert unseeded.best.sgraph.name.endswith(".unfused")
+    unseeded = run_search(p, h100, SMALL)  # the search finds as good a schedule itself, later
+    assert unseeded.best.best.estimate.time_s == seeded.best.best.estimate.time_s
+    assert unseeded.stats.states > seeded.stats.states
     # A program that fits one kernel has its own block graph instead: no parts to cut.
-    small = _long_chain(5)
-    assert KernelSearch(small, space_of(small), Oracle(small), SearchConfig(), target=h100).program_split() == []
+    small = _long_chain(3)
+    assert KernelSearch(small, space_of(small), Oracle(small), SMALL, target=h100).program_split() == []
 
 
 def test_a_concrete_search_cuts_a_large_program_into_its_parts_own_graphs_within_its_budgets(h100):
     """`--concrete` cut a program into parts over every block graph of each concrete tiling, not
-    only the part's own, and before any budget applied: the 14-op chain's split took 176,000
+    only the part's own, and before any budget applied: a 14-op program's split took 176,000
     states (85 s) to find nothing, a state budget of 3,000 ran 109 s for the unfused baseline,
     and attention_projections' split ran minutes past a 60 s budget. Now each part's own graph is
     tiled concretely, and the split's states count against the search's budgets."""
-    p = _long_chain(7)
-    ks = KernelSearch(p, space_of(p), Oracle(p), SearchConfig(concrete=True), target=h100)
+    p = _long_chain(5)
+    ks = KernelSearch(p, space_of(p), Oracle(p), replace(SMALL, concrete=True), target=h100)
     split = ks.program_split()
     assert split and ks.total_states < 1_000
     assert all(len(sg.kernels) == 2 and all(isinstance(k, GraphKernel) for k in sg.kernels) for sg in split)
     assert all([op.op for k in sg.kernels for op in k.block.body if op.op != "const"] ==
                [n.op for n in p.topological() if n.op not in ("input", "const")] for sg in split)
-    seeded = run_search(p, h100, SearchConfig(concrete=True), max_states=3_000)
+    seeded = run_search(p, h100, replace(SMALL, concrete=True), max_states=3_000)
     assert seeded.best.verdict.proved and seeded.best.sgraph.dumps() in {sg.dumps() for sg in split}
     projections = load_program("scripts/programs/attention_projections.json")
     capped = run_search(projections, h100, SearchConfig(concrete=True), max_states=2_000)
@@ -978,11 +995,11 @@ def test_the_program_as_one_block_graph_respects_the_op_bound_and_is_in_the_whol
     graphs = list(ks._gen.program_graphs(ks._gen.start(specs), p, tiles))
     assert graphs
     for g in graphs:
-        assert sorted(t.op for t in g.tiles if t.op not in ("input", "acc")) == _program_ops(p)
+        assert sorted(_ops(t for t in g.tiles if t.op not in ("input", "acc"))) == _program_ops(p)
     # every op in the loop body, or the ops that only finish the products after the loop
     assert {tuple(sorted(t.op for t in g.tiles if t.phase == 1 and t.op != "acc")) for g in graphs} == {
         (), ("mul", "rms_norm", "sum")}
-    small = Generator(space_of(p), Oracle(p), 7)
+    small = Generator(space_of(p), Oracle(p), 5)  # 6 steps: its chain X + 3, sigmoid, gelu is one
     assert not list(small.program_graphs(small.start(specs), p, tiles))
 
     q = workloads.resolve("rmsnorm_matmul:ci")

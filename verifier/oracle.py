@@ -3,14 +3,16 @@
 Every tensor of a candidate has an abstract expression: tiling erased (parts, concatenations and
 broadcasts are identities), `matmul -> sum(mul)`, every sum or mean reduction -> `sum`, constants
 one atom `c` that multiplication and division by absorb (the program's own constants each a leaf
-of its own), signs kept, no sizes. A reduction
+of its own), signs kept, no sizes, one-operand elementwise composites (gelu, silu, sigmoid) whole
+(`OPAQUE`). A reduction
 records the *dim class* it reduces (superopt.dimclasses; symbolic dimension matching), so a sum
 over the wrong dim is not a subexpression of the target. An accumulator adds nothing: a sum of
 partial sums over the dim its loop walks is that same sum. The target program's abstract
 expression is saturated once in an e-graph with the
 equality axioms (commutativity and associativity of + and *, factoring x y + x z into x (y + z),
-moving * through /, sums of sums, sums distributing over + and out of /, exp(a) exp(b) =
-exp(a + b), sqrt(a) sqrt(b) = sqrt(a b), a sign taken before or after a product, a quotient or a
+moving * through /, sums of sums, sums distributing over + and out of / and past an input
+constant along the summed class (`FREEDOM`: a product's row sums taken on its weights),
+exp(a) exp(b) = exp(a + b), sqrt(a) sqrt(b) = sqrt(a b), a sign taken before or after a product, a quotient or a
 sum; no cancellation axioms, which would make everything a
 subexpression of everything). Distributivity is applied in the factoring direction only: expanding
 products over sums blows the e-graph up (a target with a few nested sums reached 29,000 e-nodes
@@ -27,12 +29,12 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
-from egglog import EGraph, Expr, StringLike, birewrite, i64, i64Like, ne, rewrite, ruleset, vars_
+from egglog import EGraph, Expr, String, StringLike, birewrite, i64, i64Like, ne, relation, rewrite, ruleset, var, vars_
 
 from superopt.dimclasses import NO_CLASS, dim_classes, input_classes
 from superopt.primitives import Algebra, apply
@@ -72,7 +74,7 @@ def mk(op: str, *kids: Any) -> AE:
                 return x  # a sum of partial sums over the same dim is that sum
             if x[1] < cls:
                 return ("sum", x[1], mk("sum", cls, x[2]))  # nested sums in class order
-    if op in ("add", "exp", "sqrt", "relu") and all(k == C for k in kids):
+    if op in ("add", "exp", "sqrt", "relu", *OPAQUE) and all(k == C for k in kids):
         return C
     return (op, *kids)
 
@@ -152,7 +154,20 @@ class AbstractAlgebra(Algebra[AV]):
     def reshape(self, a: AV, shape: Sequence[int]) -> AV:
         return a[0], tuple(RESHAPED if s != 1 else UNIT for s in shape)
 
+    def apply(self, op: str, args: Sequence[AV], attrs: Mapping[str, Any], shapes: Sequence[Any]) -> AV:
+        """`primitives.apply`, except that an elementwise composite of one operand (`OPAQUE`) is a
+        function symbol of its own, not its definition: gelu's is a polynomial under a sigmoid,
+        and every subterm of its saturated forms would be a value a block graph may compute
+        (x*x, x*x*x, x + c*x*x*x, ... of every sum it is applied to), each a rearrangement no
+        cheaper than the composite itself, which fuses whole."""
+        if op in OPAQUE:
+            return mk(op, args[0][0]), args[0][1]
+        return apply(self, op, args, attrs, shapes)
 
+
+# Elementwise composites the abstract values keep whole (`AbstractAlgebra.apply`): none holds a
+# reduction a fused schedule must split, and computing one from its definition is never cheaper.
+OPAQUE = ("gelu", "silu", "sigmoid")
 RESHAPED = -2  # dims out of a reshape: the classes do not follow them (reductions over them match any)
 
 
@@ -173,7 +188,7 @@ def abstract_program(program: Program) -> dict[str, AV]:
             values[n.id] = ("inp", n.id), tuple(classes[(n.id, d)] for d in range(len(n.shape)))
         else:
             args = [values[i] for i in n.inputs]
-            ae, dims = apply(alg, n.op, args, n.attrs, [program.nodes[i].shape for i in n.inputs])
+            ae, dims = alg.apply(n.op, args, n.attrs, [program.nodes[i].shape for i in n.inputs])
             if n.op == "reshape":
                 dims = tuple(classes[(n.id, d)] for d in range(len(n.shape)))
             values[n.id] = ae, dims
@@ -194,6 +209,9 @@ class Abs(Expr):
     def exp(self) -> Abs: ...
     def sqrt(self) -> Abs: ...
     def relu(self) -> Abs: ...
+    def gelu(self) -> Abs: ...
+    def silu(self) -> Abs: ...
+    def sigmoid(self) -> Abs: ...
     def sum(self, cls: i64Like) -> Abs: ...
     def max(self, cls: i64Like) -> Abs: ...
 
@@ -228,6 +246,32 @@ def _axioms() -> Any:
 
 
 AXIOMS = _axioms()
+# free(X, c): program input X is constant along dim class c (it has no dim of that class)
+free = relation("free", Abs, i64)
+
+
+def _freedom() -> Any:
+    """A sum over c of X y, X an input constant along c, is X times the sum of y: a sum of a
+    product's columns is the product with the right operand's columns summed first (X @ rowsum(W):
+    a matrix-vector product, W read once), a value the search may compute. Only inputs, and only
+    that direction: with any factor constant along the sum (a softmax's exp(-max) is one), the
+    forms it admits multiplied attention's block spaces by ten."""
+    y = var("y", Abs)
+    n = var("n", String)
+    c = var("c", i64)
+    x = Abs.inp(n)
+    return ruleset(rewrite(x.mul(y).sum(c)).to(x.mul(y.sum(c)), free(x, c)), name="freedom")
+
+
+FREEDOM = _freedom()
+
+
+def _free_leaves(program: Program) -> list[Any]:
+    """The facts of `free`: an input is constant along each class it has no dim of."""
+    classes = dim_classes(program)
+    every = sorted({c for c in classes.values() if c >= 0})
+    return [free(Abs.inp(n.id), i64(c)) for n in program.inputs for c in every
+            if c not in {classes[(n.id, i)] for i in range(len(n.shape))}]
 
 
 def to_egg(e: AE, memo: dict[AE, Abs] | None = None) -> Abs:
@@ -278,9 +322,11 @@ class Oracle:
         with dropped_here() as egraph:
             for i, e in enumerate(outputs):
                 egraph.let(f"target{i}", to_egg(e))
+            if facts := _free_leaves(program):
+                egraph.register(*facts)
             it, saturated = 0, False
             while it < iterations:
-                report = egraph.run(AXIOMS)
+                report = egraph.run(AXIOMS + FREEDOM)
                 it += 1
                 if not report.updated:
                     saturated = True
@@ -352,8 +398,8 @@ def _hashcons(egraph: EGraph) -> dict[tuple[Any, ...], str]:
 
     table: dict[tuple[Any, ...], str] = {}
     for node_id, node in nodes.items():
-        if not node_id.startswith("primitive-"):
-            op = node["op"].rsplit(".", 1)[-1]
+        op = node["op"].rsplit(".", 1)[-1]
+        if not node_id.startswith("primitive-") and op != "free":  # facts, not values
             table[(op, *(argument(c) for c in node["children"]))] = node["eclass"]
     return table
 
@@ -368,19 +414,19 @@ def abstract_sgraph(sg: Any, program: Program) -> list[tuple[str, str, AE]]:
     out: list[tuple[str, str, AE]] = []
     for k in sg.kernels:
         if isinstance(k, LibraryKernel):
-            values[k.output] = apply(alg, k.op, [values[i] for i in k.inputs], k.attrs, [])
+            values[k.output] = alg.apply(k.op, [values[i] for i in k.inputs], k.attrs, [])
             out.append((k.id, k.output, values[k.output][0]))
             continue
         b = k.block
         bv: dict[str, AV] = {i.id: values[i.tensor] for i in b.inputs}
         for op in b.body:
-            bv[op.id] = apply(alg, op.op, [bv[i] for i in op.inputs], op.attrs, [])
+            bv[op.id] = alg.apply(op.op, [bv[i] for i in op.inputs], op.attrs, [])
             out.append((k.id, op.id, bv[op.id][0]))
         for a in b.accumulators:
             bv[a.id] = bv[a.source]
             out.append((k.id, a.id, bv[a.id][0]))
         for op in b.post:
-            bv[op.id] = apply(alg, op.op, [bv[i] for i in op.inputs], op.attrs, [])
+            bv[op.id] = alg.apply(op.op, [bv[i] for i in op.inputs], op.attrs, [])
             out.append((k.id, op.id, bv[op.id][0]))
         for o in b.outputs:
             values[o.tensor] = bv[o.source]

@@ -1,0 +1,176 @@
+"""The search beyond the built-in workloads: elementwise chains as one block op, composites kept
+whole by the oracle, a bound that cuts a block space while it is walked, and reductions of a
+product moved onto its operand (scripts/bench_generality.py measures the same on a generated family)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from superopt import Program, costmodel, workloads
+from superopt.config import SearchConfig
+from superopt.search.block import CHAIN
+from superopt.search.driver import run_search
+from superopt.search.kernel import KernelSearch
+from superopt.search.space import chain_runs, space_of
+from superopt.sgraph import GraphKernel, LibraryKernel
+from superopt.verifier.oracle import Oracle, abstract_program, mk
+
+CHAIN_OPS = ("bias", "scale", "gelu", "silu", "sigmoid", "relu", "residual")
+
+
+def _chain(p: Program, y, length: int, seed: int):
+    """`length` elementwise ops on y in a seeded random order, reading at most two new inputs."""
+    rng = random.Random(seed)
+    sides = 0
+    for k in range(length):
+        kind = rng.choice([o for o in CHAIN_OPS if sides < 2 or o not in ("bias", "residual")])
+        if kind in ("bias", "residual"):
+            sides += 1
+            y = p.op("add", y, p.input(f"S{k}", (1, y.shape[1]) if kind == "bias" else y.shape, "f16"))
+        elif kind == "scale":
+            y = p.op("mul", y, 0.5)
+        else:
+            y = p.op(kind, y)
+    return y
+
+
+def _matmul_chain(length: int, seed: int, before: bool) -> Program:
+    p = Program(f"chain{length}")
+    x, w = p.input("X", (16, 256), "f16"), p.input("W", (256, 512), "f16")
+    if before:
+        p.output(p.op("matmul", _chain(p, x, length, seed), w))
+    else:
+        p.output(_chain(p, p.op("matmul", x, w), length, seed))
+    return p
+
+
+def _fused(sg) -> bool:
+    return len(sg.kernels) == 1 and isinstance(sg.kernels[0], GraphKernel)
+
+
+def test_a_product_with_bias_scale_and_gelu_is_fused_and_the_search_completes(h100):
+    """gelu((X @ W + B) * 0.5): its whole one-kernel search used to outlast a 30 s budget (79,883
+    states), the oracle admitting every subterm of gelu's polynomial; gelu is now one value and
+    the bias, scale and gelu one block op."""
+    p = Program("mm_bias_scale_gelu")
+    x, w, b = p.input("X", (16, 1024), "f16"), p.input("W", (1024, 1024), "f16"), p.input("B", (1, 1024), "f16")
+    p.output(p.op("gelu", p.op("mul", p.op("add", p.op("matmul", x, w), b), 0.5), name="O"))
+    out = run_search(p, h100, SearchConfig(), budget_s=120)
+    assert not out.stats.budget_exhausted and out.stats.states < 10_000
+    assert out.best.verdict.proved and _fused(out.best.sgraph)
+
+
+@pytest.mark.parametrize("before", [False, True], ids=["after", "before"])
+def test_a_chain_of_any_length_and_order_costs_the_search_no_more_states(h100, before):
+    """Chains of 1 to 16 elementwise ops in random orders, after or before a product: each is
+    searched completely, fused into one proved kernel, in as many states whatever its length
+    (a chain is one block op; no kernel or loop boundary cuts it)."""
+    states = {}
+    for length in (1, 4, 16):
+        for seed in (0, 1):
+            out = run_search(_matmul_chain(length, seed, before), h100, SearchConfig(), budget_s=120)
+            assert not out.stats.budget_exhausted and out.best.verdict.proved and _fused(out.best.sgraph)
+            states[length, seed] = out.stats.states
+    for seed in (0, 1):
+        assert states[16, seed] <= 2 * states[1, seed] + 20, states
+
+
+def test_a_chains_inner_values_are_made_by_its_step_alone():
+    """A chain's ops (each but the last read only by the next) are one step of the generator; no
+    other op, library kernel or block op, makes one of its inner values."""
+    p = _matmul_chain(6, 3, before=False)
+    (run,) = chain_runs(p)
+    assert [n.id for n in run] == [n.id for n in p.topological() if n.op not in ("input", "const", "matmul")]
+    space = space_of(p)
+    ks = KernelSearch(p, space, Oracle(p), SearchConfig())
+    values = abstract_program(p)
+    assert all(ks._gen.inner(values[n.id][0]) for n in run[:-1]) and not ks._gen.inner(values[run[-1].id][0])
+    specs = [ks._spec(t, i, False) for i, t in enumerate(ks.initial().tensors)]
+    graphs = list(ks._gen.complete_graphs(ks._gen.start(specs)))
+    assert any(t.op == CHAIN for g in graphs for t in g.tiles)
+    assert not any(ks._gen.inner(t.ae) for g in graphs for t in g.tiles)
+    for depth in (1, 2):
+        for choice in ks.first_choices(depth):
+            for sg in ks.candidates_in(depth, choice):
+                assert not any(isinstance(k, LibraryKernel) and k.op != "matmul" for k in sg.kernels)
+
+
+def test_elementwise_composites_are_whole_values_to_the_oracle():
+    """gelu(y) is one value: x*x, x*x*x and the rest of its polynomial are no values a block
+    graph may compute (they made a 3-op tail a search of 60,000 states)."""
+    p = Program("tail")
+    x, b = p.input("X", (16, 64), "f16"), p.input("B", (1, 64), "f16")
+    p.output(p.op("gelu", p.op("mul", p.op("add", x, b), 0.5)))
+    oracle = Oracle(p)
+    y = mk("mul", mk("add", ("inp", "X"), ("inp", "B")), ("k", "0.5"))
+    assert oracle.equivalent(mk("gelu", y), 0)
+    assert not oracle.contains(mk("mul", y, y)) and not oracle.contains(mk("mul", ("inp", "X"), ("inp", "X")))
+
+
+def _rowsum() -> Program:
+    p = Program("rowsum_mm")
+    x, w = p.input("X", (16, 4096), "f16"), p.input("W", (4096, 4096), "f16")
+    p.output(p.op("mul", p.op("sum", p.op("matmul", x, w), dim=-1, keepdim=True), 0.125, name="O"))
+    return p
+
+
+def test_a_row_sum_of_a_product_sums_the_weights_first(h100):
+    """sum(X @ W, -1) * 0.125 is X @ rowsum(W) * 0.125: W read once into a vector, then a
+    matrix-vector product, within 1.5x of the floor (it was the whole product, then its row sums:
+    1.8x); the rows' version sums X's columns first."""
+    p = _rowsum()
+    out = run_search(p, h100, SearchConfig(), budget_s=120)
+    assert not out.stats.budget_exhausted and out.best.verdict.proved
+    assert out.best.best.estimate.time_s <= 1.5 * costmodel.floor(p, h100).time_s
+    rows = Program("colsum_mm")
+    x, w = rows.input("X", (4096, 64), "f16"), rows.input("W", (64, 4096), "f16")
+    rows.output(rows.op("mean", rows.op("matmul", x, w), dim=-2, keepdim=True))
+    oracle = Oracle(rows)
+    assert oracle.contains(mk("mul", ("inp", "W"), mk("sum", 0, ("inp", "X"))))  # colsum(X) @ W's terms
+
+
+def test_a_block_walk_stops_when_the_bound_falls_below_its_floor_and_resumes_whole(h100):
+    """A block space is cut while it is walked, at the first state after the bound drops below
+    the floor of every graph it leads to (by a candidate proved meanwhile, or the probe); a later
+    walk of the same space makes its generator again and yields every block graph, in order."""
+    p = workloads.resolve("rmsnorm_matmul:ci")
+    choice = ("graph", tuple(range(len(p.inputs))))
+    whole = KernelSearch(p, space_of(p), Oracle(p), SearchConfig(), target=h100)
+    list(whole.candidates_in(1, choice))
+    ks = KernelSearch(p, space_of(p), Oracle(p), SearchConfig(), target=h100)
+    ticks = []
+
+    def tighten(k: KernelSearch) -> None:
+        ticks.append(k.total_states)
+        if len(ticks) == whole.total_states // 4:
+            k.bound_s = 1e-9  # below any graph's floor
+
+    ks.on_state = tighten
+    list(ks.candidates_in(1, choice))
+    assert ks.cuts["block walk"] == 1 and len(ticks) < whole.total_states // 2
+    ks.on_state, ks.bound_s = None, float("inf")
+    specs = [ks._spec(t, i, False) for i, t in enumerate(ks.initial().tensors)]
+    again, want = list(ks._blocks(specs)), list(whole._blocks(specs))
+    assert len(want) > 10 and [_tiles(g) for g in again] == [_tiles(g) for g in want]
+
+
+def _tiles(s) -> tuple:
+    """A block graph's tiles without their interned ids (each generator numbers values as it meets them)."""
+    return tuple(t._replace(aid=-1, vid=-1, fid=-1) for t in s.tiles)
+
+
+def test_what_the_bound_cut_is_reported_by_floor(h100):
+    """The outcome counts the cuts of each floor (`Outcome.bounds`): where a search's time went."""
+    out = run_search(_rowsum(), h100, SearchConfig(), budget_s=120)
+    assert out.bounds and all(n > 0 for n in out.bounds.values())
+    assert sum(out.bounds.values()) <= out.stats.pruned
+
+
+def test_an_oracle_over_inputs_that_span_every_class_has_no_freedom_facts():
+    """In exp(X) no input is constant along any class: the oracle is built without facts for
+    `free` (egglog refuses an empty registration)."""
+    p = Program("exp")
+    p.output(p.exp(p.input("X", (4, 8), "f16")))
+    assert Oracle(p).equivalent(mk("exp", ("inp", "X")), 0)
