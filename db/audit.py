@@ -17,11 +17,11 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import joinedload
 
+from superopt.core.result import Candidate as ResultCandidate
 from superopt.db.cache import kernel_problem, winner_problem, winners_in
 from superopt.db.engine import Database
 from superopt.db.models import Candidate, Workload
 from superopt.db.recheck import generate_code
-from superopt.result import Candidate as ResultCandidate
 from superopt.targets import target as costmodel_target
 
 

@@ -27,8 +27,10 @@ from sqlalchemy import Select, delete, select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session, joinedload
 
-import superopt
 from superopt.config import DEFAULT_BUDGET_S, SearchConfig
+from superopt.core import version as superopt_version
+from superopt.core.result import Candidate as ResultCandidate
+from superopt.core.result import Result, SearchStats
 from superopt.db import recheck
 from superopt.db.canonical_names import Order, from_canonical, order_of, to_canonical
 from superopt.db.engine import Database
@@ -38,8 +40,6 @@ from superopt.db.keys import CacheKey, check_hash_prefix, signature
 from superopt.db.models import Candidate, Job, JobState, Target, Winner, Workload, utcnow
 from superopt.digest import canonical_json
 from superopt.program import Program, ProgramError
-from superopt.result import Candidate as ResultCandidate
-from superopt.result import Result, SearchStats
 from superopt.sgraph import SGraphError
 from superopt.targets import Target as CostModelTarget
 from superopt.targets import TargetError
@@ -303,8 +303,8 @@ def store_in(s: Session, job: Job, result: Result) -> dict[str, Any]:
         _drop_unservable(s, job, target)
         values = {
             "workload_id": job.workload_id, "target_id": target.id, "config_hash": job.config_hash,
-            "version": superopt.__version__, "job_id": job.id, "candidate_id": best.id, "baseline_id": baseline.id,
-            "ranked_ids": ranked, "time_us": result.best.time_us, "created_at": utcnow(),
+            "version": superopt_version.__version__, "job_id": job.id, "candidate_id": best.id,
+            "baseline_id": baseline.id, "ranked_ids": ranked, "time_us": result.best.time_us, "created_at": utcnow(),
         }
         stmt = _insert(s, Winner).values(**values)
         # A key (program, target, config and version) is answered by its fastest proved winner: a
@@ -332,7 +332,7 @@ def _drop_unservable(s: Session, job: Job, target: Target) -> None:
     winner found after it, and every request would search again."""
     q = _entries_query().where(
         Winner.workload_id == job.workload_id, Winner.target_id == target.id,
-        Winner.config_hash == job.config_hash, Winner.version == superopt.__version__,
+        Winner.config_hash == job.config_hash, Winner.version == superopt_version.__version__,
     )
     w = s.scalars(q).unique().first()
     if w is not None and winner_problem(s, w) is not None:

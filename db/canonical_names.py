@@ -3,8 +3,8 @@
 A cache key is the canonical program (superopt.canonical): node names are not part of it, so one
 entry answers every program of that computation, whatever its names. A kernel stored with the
 names of the program that happened to be searched would then fit no other: a forced search of the
-same program under other input names replaced the winner with one whose names no longer matched
-the stored program, and every later lookup missed. So a kernel is stored with each tensor that is
+same program under other input names would replace the winner with one whose names no longer
+match the stored program, and every later lookup would miss. So a kernel is stored with each tensor that is
 a program node named by that node's place in the canonical order (`$0`, `$1`, ...: never a node
 name, whose grammar has no `$`), and renamed on the way out to the asking program's node at the
 same place. Tensors the search named itself (`k0_out0`) keep their names, unless the asking

@@ -11,9 +11,9 @@ import json
 import re
 from dataclasses import asdict, dataclass
 
-import superopt
 from superopt.canonical import canonical_inputs
 from superopt.config import SearchConfig
+from superopt.core import version as superopt_version
 from superopt.db.errors import RequestError
 from superopt.program import Program
 
@@ -45,7 +45,7 @@ class CacheKey:
     def of(program: Program, target_fingerprint: str, config: SearchConfig | None = None) -> CacheKey:
         shapes, dtypes = signature(program)
         return CacheKey(
-            program.canonical_hash(), shapes, dtypes, target_fingerprint, superopt.__version__,
+            program.canonical_hash(), shapes, dtypes, target_fingerprint, superopt_version.__version__,
             (config or SearchConfig()).hash(),
         )
 

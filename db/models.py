@@ -124,7 +124,7 @@ class Candidate(Base):
     workload_id: Mapped[int] = mapped_column(ForeignKey("workload.id"), index=True)
     target_id: Mapped[int] = mapped_column(ForeignKey("target.id"))
     rank: Mapped[int | None]  # position in the result's ranked list; None for best/baseline outside it
-    data: Mapped[str] = mapped_column(Text)  # superopt.result.Candidate JSON
+    data: Mapped[str] = mapped_column(Text)  # superopt.core.result.Candidate JSON
     digest: Mapped[str] = mapped_column(String(64))  # sha256 of `data`: one row per distinct candidate of a job
     time_us: Mapped[float]
     time_source: Mapped[str] = mapped_column(String(16))

@@ -289,11 +289,12 @@ def _class_section(cls: type, qualname: str, intro: str = "") -> list[str]:
 
 
 def python_reference() -> str:
-    from superopt import api, config, limits, ops, program, result
+    from superopt import api, config, limits, ops, program
+    from superopt.core import errors, result
 
     out = [NOTICE, "", "# Python reference", "",
            "`import superopt` gives `superopt.optimize`, `superopt.Program`, `superopt.Tensor` and "
-           "`superopt.ProgramError`; `superopt.result` holds what `optimize` returns. The program "
+           "`superopt.ProgramError`; `superopt.core.result` holds what `optimize` returns. The program "
            "format these build is described in [Programs](programs.md), the report of a result in "
            "[The report](report.md).", "",
            "## superopt.optimize", "", "```python", _signature("superopt.optimize", api.optimize), "```", "",
@@ -302,7 +303,7 @@ def python_reference() -> str:
            f"- `ValueError`: a budget out of range (`budget_s` greater than 0 and at most {limits.MAX_BUDGET_S:g} s, "
            f"`max_states` from 1 to {limits.MAX_STATES:,}; `None`: no limit).",
            f"- `{api.NoCandidate.__module__}.NoCandidate`: {_text(api.NoCandidate.__doc__)}",
-           f"- `{api.ClusterUnreachable.__module__}.ClusterUnreachable`: {_text(api.ClusterUnreachable.__doc__)}"]
+           f"- `{errors.ClusterUnreachable.__module__}.ClusterUnreachable`: {_text(errors.ClusterUnreachable.__doc__)}"]
     out += _class_section(program.Program, "superopt.Program", _text(program.__doc__).split("\n\n")[0])
     out += ["Unary elementwise ops are methods too, by name: "
             + ", ".join(f"`p.{name}(x)`" for name in ops.UNARY)
@@ -312,7 +313,7 @@ def python_reference() -> str:
     out += _class_section(config.SearchConfig, "superopt.config.SearchConfig",
                           "The search bounds, `optimize(config=...)`; part of the cache key.")
     for cls in (result.Result, result.Candidate, result.Verdict, result.SearchStats):
-        out += _class_section(cls, f"superopt.result.{cls.__name__}")
+        out += _class_section(cls, f"superopt.core.result.{cls.__name__}")
     return "\n".join(line.rstrip() for line in "\n".join(out).splitlines()).rstrip() + "\n"
 
 

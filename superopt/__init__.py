@@ -9,14 +9,13 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from superopt.core.version import __version__
 from superopt.program import Program, ProgramError, Tensor
 
 if TYPE_CHECKING:
     from superopt.frontends.compiled import compile
     from superopt.frontends.onnx_import import import_onnx
     from superopt.frontends.torch_import import from_torch
-
-__version__ = "0.1.0"
 
 __all__ = ["Program", "ProgramError", "Tensor", "__version__", "compile", "from_torch", "import_onnx", "optimize"]
 

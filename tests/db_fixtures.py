@@ -33,6 +33,7 @@ from superopt import workloads
 from superopt.assignments import enumerate_assignments
 from superopt.build import unfused_baseline
 from superopt.config import SearchConfig
+from superopt.core.result import Candidate, Result, SearchStats, Verdict
 from superopt.costmodel import estimate, floor
 from superopt.db.engine import Database
 from superopt.db.integrity import candidate_fields, signer_for, winner_fields
@@ -40,7 +41,6 @@ from superopt.db.models import Candidate as CandidateRow
 from superopt.db.models import Winner, Workload
 from superopt.instantiate import instantiate
 from superopt.program import Program
-from superopt.result import Candidate, Result, SearchStats, Verdict
 from superopt.sgraph import SGraph
 from superopt.targets import target
 from superopt.worker import resolve_fingerprint

@@ -9,9 +9,9 @@ from db_fixtures import slow_optimize
 from typer.testing import CliRunner
 
 from superopt.cli import app
+from superopt.core.result import Result
 from superopt.db.engine import open_database
 from superopt.db.jobs import JobQueue
-from superopt.result import Result
 from superopt.worker import Worker
 
 runner = CliRunner()

@@ -23,9 +23,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from superopt.assignments import pick_for_checks
+from superopt.core.result import Verdict
 from superopt.instantiate import Instance, instantiate
 from superopt.program import Program
-from superopt.result import Verdict
 from superopt.sgraph import SGraph, check_matches
 from superopt.shrink import constant_splits, shrink, shrink_sgraph
 from superopt.targets import TARGETS, Target

@@ -24,7 +24,7 @@ from superopt.runtime.executor import DeviceProgram
 from superopt.runtime.tensors import STORAGE
 
 if TYPE_CHECKING:
-    from superopt.result import Result
+    from superopt.core.result import Result
 
 log = logging.getLogger("superopt.torch")
 

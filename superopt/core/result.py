@@ -2,7 +2,7 @@
 
 These are plain data shared by the search (which fills them), the kernel cache (which stores
 them) and the front ends (which print them). `Result.report()` is the JSON document of
-`superopt optimize --json`; `Result.from_report` reads it back.
+`superopt optimize --json` and of `cache export`; `Result.from_report` reads it back.
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ from typing import Any
 from superopt.costmodel import is_free
 from superopt.program import Program
 from superopt.sgraph import GraphKernel, SGraph
-from superopt.svg import render_svg
 
 
 @dataclass
@@ -162,6 +161,7 @@ class SearchStats:
     best_found_s: float = 0.0  # when it first held a candidate as fast as the winner (estimated)
     depth: int = 0  # kernel counts searched completely: 1..depth (deeper ones were bounded out or not reached)
     generic_depth: int = 0  # of those, the ones no time bound cut (their sGraphs stand for any shape)
+    bounds: dict[str, int] = field(default_factory=dict)  # states the time bound cut, by the floor that cut them
     peak_rss_mib: float = 0.0
     workers: int = 1
     executor: str = "in-process"
@@ -170,7 +170,7 @@ class SearchStats:
     final_check_s: float = 0.0  # checking the returned kernel at the real shapes, after the search
 
     def to_json(self) -> dict[str, Any]:
-        return dict(self.__dict__)
+        return {**self.__dict__, "bounds": dict(self.bounds)}
 
     def answers(self, budget_s: float | None, max_states: int | None) -> bool:
         """Whether this search's winner answers a search with these limits: one that finished
@@ -208,6 +208,8 @@ class Result:
 
     def to_svg(self) -> str:
         """The winner's picture (`superopt.svg`) at its chosen parameters, captioned with what it won."""
+        from superopt.svg import render_svg  # drawing is the front ends' concern: loaded when asked
+
         best = self.best
         return render_svg(best.sgraph, best.params, caption=(
             f"best schedule of {self.program.name} on {self.target}: {best.time_us:.3g} us ({best.time_source}), "
