@@ -8,9 +8,12 @@ each job finishes exactly once. A job whose lease has expired returns to the que
 job (an outage) loses it to the next worker that claims once the database is back, so no job
 stays `running` past its lease while any worker is alive.
 
-Twins (one program, search config and target) never search at once: the later waits and is then
-a cache hit. "auto" is resolved first, as the claiming worker resolves it (its GPU, else h100
-estimates), so an "auto" job and an "h100" job are twins on a worker without a GPU. A submission
+A job whose answer is cached is answered at submission, no worker needed. There "auto" means what
+it meant to the worker that last resolved it (its GPU, else h100 estimates), or before any did,
+what it means on the submitting host: a service without a GPU in front of workers with GPUs does
+not answer their jobs from h100 estimates. Twins (one program, search config and target) never
+search at once: the later waits and is then a cache hit. "auto" is resolved first, as the claiming
+worker resolves it, so an "auto" job and an "h100" job are twins on a worker without a GPU. A submission
 with an idempotency key that was used before answers the job it made (a client retrying a POST
 whose answer it lost), provided the request is the same.
 
@@ -34,18 +37,17 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import InstrumentedAttribute, Session, aliased, joinedload
 
 from superopt.canonical import input_names
-from superopt.config import DEFAULT_BUDGET_S, SearchConfig
+from superopt.config import DEFAULT_BUDGET_S, DEFAULT_TARGET, LEASE_S, SearchConfig
+from superopt.core.result import Result
 from superopt.db.cache import Hit, hit_in, progress_of, store_in, workload_in
 from superopt.db.engine import Database
 from superopt.db.errors import Conflict, NotFound, RequestError, stored_id
 from superopt.db.keys import CacheKey
 from superopt.db.models import Job, JobState, utcnow
 from superopt.program import Program
-from superopt.result import Result
 from superopt.targets import TARGETS, fingerprint
 from superopt.targets import target as costmodel_target
 
-DEFAULT_LEASE_S = 60.0
 AUTO_FALLBACK = "h100"  # what "auto" means without a GPU (the optimizer's rule: local GPU, else h100 estimates)
 
 
@@ -121,18 +123,19 @@ class Claim:
 
 
 class JobQueue:
-    def __init__(self, db: Database, lease_s: float = DEFAULT_LEASE_S) -> None:
+    def __init__(self, db: Database, lease_s: float = LEASE_S) -> None:
         self.db = db
         self.lease_s = lease_s
 
     # -- front ends ----------------------------------------------------------------------------
     def submit(
-        self, program: Program, *, target: str = "auto", config: SearchConfig | None = None,
+        self, program: Program, *, target: str = DEFAULT_TARGET, config: SearchConfig | None = None,
         budget_s: float | None = DEFAULT_BUDGET_S, max_states: int | None = None, force: bool = False,
         max_attempts: int = 3, idempotency_key: str | None = None,
     ) -> JobView:
-        """Queue a job; one for a named target whose answer is cached finishes at once (unless `force`).
-        An "auto" target is resolved by the worker that claims it, which checks the cache then.
+        """Queue a job; one whose answer is cached finishes at once (unless `force`), "auto" as
+        the workers resolved it (`_workers_auto`). A queued "auto" job is resolved by the worker
+        that claims it, which checks the cache again then.
 
         With an `idempotency_key` used before, the job it made is answered instead of a new one
         (a RequestError when the request differs), also when two submissions with it race."""
@@ -144,9 +147,10 @@ class JobQueue:
             if earlier is not None:
                 return earlier
         hit = None
-        if not force and target != "auto":
+        if not force:
             with self.db.read() as s:
-                key = CacheKey.of(program, fingerprint(costmodel_target(target)), config)
+                resolved = _workers_auto(s) if target == "auto" else resolve_fingerprint(target)
+                key = CacheKey.of(program, resolved, config)
                 hit = hit_in(s, key, budget_s=budget_s, max_states=max_states)
         try:
             with self.db.write() as s:
@@ -327,6 +331,14 @@ def _request_digest(program: Program, target: str, config: SearchConfig, budget_
     request = {"program": program.to_json(), "target": target, "config": config.to_json(), "budget_s": budget_s,
                "max_states": max_states, "force": force, "max_attempts": max_attempts}
     return hashlib.sha256(json.dumps(request, sort_keys=True).encode()).hexdigest()
+
+
+def _workers_auto(s: Session) -> str:
+    """What "auto" meant to the worker that last claimed an "auto" job, else what it means here:
+    the service that answers a job from the cache need not run where the workers' GPUs are."""
+    q = (select(Job.target_fingerprint).where(Job.target == "auto", Job.target_fingerprint.is_not(None))
+         .order_by(Job.id.desc()).limit(1))
+    return s.scalars(q).first() or resolve_fingerprint("auto")
 
 
 def _fence(claim: Claim) -> tuple[Any, ...]:

@@ -13,29 +13,27 @@ generated CUDA), its CUDA source generated, and the result stored in the cache.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 from superopt import costmodel
-from superopt.config import DEFAULT_BUDGET_S, SearchConfig
+from superopt.config import DEFAULT_BUDGET_S, DEFAULT_TARGET, SearchConfig
+from superopt.core.progress import Progress
+from superopt.core.result import Candidate, Result, SearchStats, Verdict
 from superopt.limits import check_budgets
 from superopt.program import Program
-from superopt.result import Candidate, Result, SearchStats, Verdict
 from superopt.sgraph import SGraph
 from superopt.targets import TARGETS, Target, fingerprint
 from superopt.targets import target as named_target
 
-Progress = Callable[[dict[str, Any]], None]
+if TYPE_CHECKING:  # the search loads when a search runs, not when the API is imported
+    from superopt.search.driver import Outcome
+
 REUSE_VERIFY = 5  # kept sGraphs re-verified at a new shape (the best by the cost model first)
 
 
 class NoCandidate(ValueError):
     """The search found nothing it could prove (not even the baseline): the message says why."""
-
-
-class ClusterUnreachable(ConnectionError):
-    """No Ray cluster answers at the address a search was given."""
 
 
 @dataclass(frozen=True)
@@ -63,7 +61,7 @@ def resolve_target(name: str) -> TargetChoice:
 def optimize(
     program: Program,
     *,
-    target: str = "auto",
+    target: str = DEFAULT_TARGET,
     budget_s: float | None = DEFAULT_BUDGET_S,
     max_states: int | None = None,
     config: SearchConfig | None = None,
@@ -124,7 +122,7 @@ def _verified_sgraphs(
     program: Program, choice: TargetChoice, config: SearchConfig, budget_s: float | None,
     max_states: int | None, progress: Progress | None, reuse: bool, force: bool, workers: int | None,
     ray_address: str | None,
-) -> Any:
+) -> Outcome:
     from superopt.search.driver import CONTENDERS, Outcome, Verified, run_search
     from superopt.search.instantiation import rank
     from superopt.search.reuse import SGraphStore
@@ -197,7 +195,7 @@ def _reuse_is_complete(
     return best <= costmodel.floor(program, target).time_s + launches * target.launch_overhead_s
 
 
-def _result(program: Program, choice: TargetChoice, outcome: Any) -> Result:
+def _result(program: Program, choice: TargetChoice, outcome: Outcome) -> Result:
     from superopt.verifier.verify import verify_at
 
     t = choice.target
@@ -235,7 +233,7 @@ def _result(program: Program, choice: TargetChoice, outcome: Any) -> Result:
     )
 
 
-def _candidate(sg: Any, params: dict[str, int], est: costmodel.Estimate, verdict: Verdict) -> Candidate:
+def _candidate(sg: SGraph, params: dict[str, int], est: costmodel.Estimate, verdict: Verdict) -> Candidate:
     return Candidate(sg, dict(params), est.time_us, "estimated", est.dram_bytes, est.flops, verdict,
                      estimated_us=est.time_us)
 

@@ -18,8 +18,26 @@ from rich.console import Console
 from rich.table import Table
 
 from superopt import workloads
-from superopt.api import ClusterUnreachable, NoCandidate, resolve_target
-from superopt.config import DEFAULT_BUDGET_S
+from superopt.api import NoCandidate, resolve_target
+from superopt.cli_progress import Throttle, count_progress, search_progress, search_text
+from superopt.config import (
+    BODY_TIMEOUT_S,
+    DB_RETRY_S,
+    DB_URL_ENV,
+    DEFAULT_BUDGET_S,
+    DEFAULT_CONFIG,
+    DEFAULT_TARGET,
+    HOSTS_ENV,
+    LEASE_S,
+    MAX_BODY_BYTES,
+    POLL_S,
+    SERVE_HOST,
+    SERVE_PORT,
+    TARGET_HELP,
+    TOKEN_ENV,
+    bound,
+)
+from superopt.core.errors import ClusterUnreachable
 from superopt.db.errors import RequestError, StoreError
 from superopt.instantiate import InstantiationError, instantiate, parse_params
 from superopt.limits import LimitConfigError
@@ -50,6 +68,29 @@ F = TypeVar("F", bound=Callable[..., Any])
 # An sGraph handed on to the next command: the JSON file verify, run --sgraph and export --sgraph read.
 SgraphOutOption = Annotated[Path | None, typer.Option(
     "--sgraph-out", help="also write the sGraph as JSON here (what verify, run --sgraph and export --sgraph read)")]
+DbOption = Annotated[str | None, typer.Option(
+    "--db", envvar=DB_URL_ENV, help="database URL or SQLite file (default: ~/.cache/superopt/superopt.db)",
+)]
+
+
+def _target_option(what: str) -> Any:
+    """--target of every command that takes one: one default (config.DEFAULT_TARGET), one meaning."""
+    return typer.Option(help=f"{what}; {TARGET_HELP}")
+
+
+def _bound_option(name: str) -> Any:
+    """A search bound as an option, its help and range from SearchConfig; its value is checked
+    as a job request's is (superopt.jobspec.ConfigSpec), so both say the same."""
+    meta = bound(name).metadata
+    limits = f" ({meta['ge']} to {meta['le']})" if "ge" in meta else ""
+    return typer.Option(help=f"{meta['description']}{limits}")
+
+
+KernelOpsOption = Annotated[int, _bound_option("max_kernel_ops")]
+BlockOpsOption = Annotated[int, _bound_option("max_block_ops")]
+GridAxesOption = Annotated[int, _bound_option("max_grid_axes")]
+BlockInputsOption = Annotated[int, _bound_option("max_block_inputs")]
+ConcreteOption = Annotated[bool, _bound_option("concrete")]
 
 
 def user_errors(fn: F) -> F:
@@ -107,9 +148,8 @@ def show(
     params: Annotated[str, typer.Option(help="symbol values to print with an sGraph, e.g. gx=8,F=4")] = "",
     winner: Annotated[bool, typer.Option(help="show the optimizer's best schedule (from the kernel cache, else "
                                               "searched as `superopt optimize` does)")] = False,
-    target: Annotated[str, typer.Option(help="target of --winner (h100, h200, a100, auto)")] = "auto",
-    db: Annotated[str | None, typer.Option(help="database of --winner (default: SUPEROPT_DB_URL or the SQLite "
-                                                "cache)")] = None,
+    target: Annotated[str, _target_option("target of --winner")] = DEFAULT_TARGET,
+    db: DbOption = None,
     svg: Annotated[Path | None, typer.Option("--svg", help="write the sGraph's picture here (a program: its "
                                                            "unfused baseline)")] = None,
     sgraph_out: SgraphOutOption = None,
@@ -129,7 +169,8 @@ def show(
         if winner:
             from superopt.api import optimize as run_optimize
 
-            result = run_optimize(program, target=target, db=db)
+            with search_progress(err, DEFAULT_BUDGET_S) as progress:
+                result = run_optimize(program, target=target, db=db, progress=progress)
             _write_sgraph(sgraph_out, result.best.sgraph)
             if svg is not None:
                 _write(svg, result.to_svg())
@@ -185,8 +226,7 @@ def run(
     sgraph: Annotated[str, typer.Option(help="sGraph JSON file, or 'reference' / 'baseline'")] = "reference",
     params: Annotated[str, typer.Option(help="symbol values, e.g. gx=8,F=4 (default: the cost model's best, as "
                                              "`export` takes)")] = "",
-    target: Annotated[str, typer.Option(help="target whose limits the parameters must meet (h100, h200, a100; "
-                                             "auto: the local GPU's, else h100)")] = "h100",
+    target: Annotated[str, _target_option("target whose limits the parameters must meet")] = DEFAULT_TARGET,
     seed: Annotated[int, typer.Option(min=0, max=2**32 - 1, help="seed of the random inputs")] = 0,
     as_json: Annotated[bool, typer.Option("--json")] = False,
 ) -> None:
@@ -221,8 +261,7 @@ def verify(
     spec: Annotated[str, typer.Argument(help="built-in workload or program JSON file")],
     sgraph: Annotated[str, typer.Argument(help="sGraph JSON file, or 'reference' / 'baseline'")],
     params: Annotated[str, typer.Option(help="also check at the program's shapes with these values")] = "",
-    target: Annotated[str, typer.Option(help="target whose limits instantiations must meet (h100, h200, a100; "
-                                             "auto: the local GPU's, else h100)")] = "h100",
+    target: Annotated[str, _target_option("target whose limits instantiations must meet")] = DEFAULT_TARGET,
     as_json: Annotated[bool, typer.Option("--json")] = False,
 ) -> None:
     """Prove an sGraph equal to a program: finite fields, e-graph proof, float check."""
@@ -256,19 +295,20 @@ def verify(
 @user_errors
 def optimize(
     spec: Annotated[str, typer.Argument(help="built-in workload or program JSON file")],
-    target: Annotated[str, typer.Option(help="h100 | h200 | a100 | auto (the local GPU, else h100)")] = "auto",
+    target: Annotated[str, _target_option("target to search and time for")] = DEFAULT_TARGET,
     budget_s: Annotated[float, typer.Option("--budget-s", help="search time budget (anytime: best so far)")] = (
         DEFAULT_BUDGET_S),
     max_states: Annotated[int | None, typer.Option("--max-states", help="search state budget")] = None,
-    concrete: Annotated[bool, typer.Option(help="enumerate concrete grid/loop sizes and maps (Mirage-style)")] = False,
-    max_kernel_ops: Annotated[int, typer.Option(help="kernels per kernel graph")] = 5,
-    max_block_ops: Annotated[int, typer.Option(help="compute ops per block graph")] = 11,
-    max_block_inputs: Annotated[int, typer.Option(help="inputs per block graph")] = 4,
+    concrete: ConcreteOption = DEFAULT_CONFIG.concrete,
+    max_kernel_ops: KernelOpsOption = DEFAULT_CONFIG.max_kernel_ops,
+    max_block_ops: BlockOpsOption = DEFAULT_CONFIG.max_block_ops,
+    max_grid_axes: GridAxesOption = DEFAULT_CONFIG.max_grid_axes,
+    max_block_inputs: BlockInputsOption = DEFAULT_CONFIG.max_block_inputs,
     force: Annotated[bool, typer.Option(help="search even when the kernel cache, or sGraphs kept from other "
                                             "shapes, have an answer")] = False,
     no_cache: Annotated[bool, typer.Option("--no-cache", help="neither read nor write the kernel cache, nor the "
                                                               "sGraphs kept for other shapes")] = False,
-    db: Annotated[str | None, typer.Option(help="database URL (default: SUPEROPT_DB_URL or the SQLite cache)")] = None,
+    db: DbOption = None,
     workers: Annotated[int | None, typer.Option(min=1, help="Ray workers (default: in-process)")] = None,
     ray_address: Annotated[str | None, typer.Option(help="join a running Ray cluster")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print the JSON report")] = False,
@@ -280,11 +320,11 @@ def optimize(
     from superopt.jobspec import parse_request
 
     program = load_program(spec)
-    bounds = {"max_kernel_ops": max_kernel_ops, "max_block_ops": max_block_ops, "max_block_inputs": max_block_inputs,
-              "concrete": concrete}  # checked as a job request's are
+    bounds = {"max_kernel_ops": max_kernel_ops, "max_block_ops": max_block_ops, "max_grid_axes": max_grid_axes,
+              "max_block_inputs": max_block_inputs, "concrete": concrete}  # checked as a job request's are
     config = parse_request({"program": spec, "target": target, "budget_s": budget_s, "max_states": max_states,
                             "config": bounds}).search_config()
-    with _progress_line(quiet=False) as progress:
+    with search_progress(err, budget_s) as progress:
         result = run_optimize(program, target=target, budget_s=budget_s, max_states=max_states, config=config,
                               force=force, cache=not no_cache, reuse=not no_cache, db=db, progress=progress,
                               workers=workers, ray_address=ray_address)
@@ -296,28 +336,6 @@ def optimize(
         emit_json(result.report())
         return
     _summary(result)
-
-
-def _progress_line(quiet: bool) -> Any:
-    """A live status line on stderr: states, pruned, verified, best so far."""
-    from contextlib import contextmanager
-
-    from rich.live import Live
-    from rich.text import Text
-
-    @contextmanager
-    def line() -> Any:
-        if quiet or not err.is_terminal:
-            yield None
-            return
-        with Live(console=err, refresh_per_second=4, transient=True) as live:
-            def update(p: dict[str, Any]) -> None:
-                best = f"{p['best_time_us']:.2f} us" if p.get("best_time_us") else "-"
-                live.update(Text(f"[{p['phase']}] {p['seconds']:.1f}s  states {p['states']}  pruned {p['pruned']}  "
-                                 f"verified {p['verified']}  best {best}"))  # not markup: [phase] is text
-            yield update
-
-    return line()
 
 
 def _searched(depth: int) -> str:
@@ -367,14 +385,12 @@ def _summary(result: Any) -> None:
 @user_errors
 def demo(
     budget_s: Annotated[float, typer.Option("--budget-s", help="search budget per program")] = 30.0,
-    target: Annotated[str, typer.Option(help="auto: the local GPU, else h100 estimates")] = "auto",
-    db: Annotated[str | None, typer.Option(help="database URL (default: the SQLite cache)")] = None,
+    target: Annotated[str, _target_option("target to search and time for")] = DEFAULT_TARGET,
+    db: DbOption = None,
 ) -> None:
     """The main job on the embedded defaults: optimize every built-in workload at its :ci and its
     published shape (local search, SQLite kernel cache, cost model without a GPU), then print the
     summary. A second run is served from the cache."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
     from superopt.batch import BatchEntry, run_batch, summary_rows
     from superopt.db.engine import open_database
     from superopt.jobs_render import batch_table
@@ -387,14 +403,11 @@ def demo(
     ]
     database = open_database(db)
     err.print(f"superopt demo: {len(entries)} programs, target {target}, cache {database}", markup=False)
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-    with Progress(*columns, console=err, transient=True) as bar:
-        task = bar.add_task("demo", total=len(entries))
-
+    with count_progress(err, "demo", len(entries)) as update:
         def progress(views: list[Any]) -> None:
             done = [v for v in views if v.state.terminal]
             running = next((v.program_name for v in views if v.state.value == "running"), "")
-            bar.update(task, completed=len(done), description=f"demo {running}")
+            update(len(done), running and f"running {running}")
 
         views = run_batch(database, entries, local=True, on_progress=progress)
     rows = summary_rows(entries, views)
@@ -412,9 +425,6 @@ def demo(
 
 # -- jobs, the kernel cache, the HTTP service and workers (DESIGN.md §8) ------------------------------
 
-DbOption = Annotated[str | None, typer.Option(
-    "--db", help="database URL or SQLite file [default: $SUPEROPT_DB_URL, else ~/.cache/superopt/superopt.db]",
-)]
 JsonOption = Annotated[bool, typer.Option("--json", help="machine-readable output")]
 # One rule for a program hash wherever it is typed (superopt.db.keys.check_hash_prefix; HTTP too).
 HashOption = Annotated[str | None, typer.Option(
@@ -427,14 +437,15 @@ OptimizerOption = Annotated[str | None, typer.Option(hidden=True, help="module:f
 @user_errors
 def submit(
     spec: Annotated[str, typer.Argument(help="built-in workload or program JSON file")],
-    target: Annotated[str, typer.Option(help="auto (the local GPU, else h100 estimates), h100, h200 or a100")] = "auto",
-    budget_s: Annotated[float | None, typer.Option(help="search time budget in seconds")] = None,
+    target: Annotated[str, _target_option("target the worker searches and times for")] = DEFAULT_TARGET,
+    budget_s: Annotated[float, typer.Option(help="search time budget in seconds")] = DEFAULT_BUDGET_S,
     max_states: Annotated[int | None, typer.Option(help="search state budget")] = None,
     force: Annotated[bool, typer.Option(help="search even when the cache has the answer")] = False,
-    concrete: Annotated[bool, typer.Option(help="enumerate concrete grid/loop sizes and maps (Mirage-style)")] = False,
-    max_kernel_ops: Annotated[int | None, typer.Option(help="kernels per kernel graph [default: 5]")] = None,
-    max_block_ops: Annotated[int | None, typer.Option(help="compute ops per block graph [default: 11]")] = None,
-    max_block_inputs: Annotated[int | None, typer.Option(help="inputs per block graph [default: 4]")] = None,
+    concrete: ConcreteOption = DEFAULT_CONFIG.concrete,
+    max_kernel_ops: KernelOpsOption = DEFAULT_CONFIG.max_kernel_ops,
+    max_block_ops: BlockOpsOption = DEFAULT_CONFIG.max_block_ops,
+    max_grid_axes: GridAxesOption = DEFAULT_CONFIG.max_grid_axes,
+    max_block_inputs: BlockInputsOption = DEFAULT_CONFIG.max_block_inputs,
     db: DbOption = None,
     as_json: JsonOption = False,
 ) -> None:
@@ -444,12 +455,10 @@ def submit(
     from superopt.jobspec import parse_request
 
     program = load_program(spec)
-    options = {"target": target, "budget_s": budget_s, "max_states": max_states, "force": force}
-    bounds = {"max_kernel_ops": max_kernel_ops, "max_block_ops": max_block_ops, "max_block_inputs": max_block_inputs,
-              "concrete": concrete or None}  # the request's `config`, as POST /jobs takes it
-    config = {k: v for k, v in bounds.items() if v is not None}
-    req = parse_request({"program": program.to_json(), **{k: v for k, v in options.items() if v is not None},
-                         **({"config": config} if config else {})})
+    bounds = {"max_kernel_ops": max_kernel_ops, "max_block_ops": max_block_ops, "max_grid_axes": max_grid_axes,
+              "max_block_inputs": max_block_inputs, "concrete": concrete}  # the request's `config`
+    req = parse_request({"program": program.to_json(), "target": target, "budget_s": budget_s,
+                         "max_states": max_states, "force": force, "config": bounds})
     job = req.submit_to(JobQueue(open_database(db)), program)
     if as_json:
         emit_json(job.to_json())
@@ -495,11 +504,20 @@ def watch(
 
     queue = JobQueue(open_database(db, existing=True))
     job = queue.get(job_id)
-    with Live(job_table(job), console=err, refresh_per_second=4, transient=True) as live:
+    if err.is_terminal:
+        with Live(job_table(job), console=err, refresh_per_second=4, transient=True) as live:
+            while not job.state.terminal:
+                time.sleep(interval)
+                job = queue.get(job_id)
+                live.update(job_table(job))
+    else:  # a log: a line now and then, as a piped search prints them
+        gate = Throttle()
         while not job.state.terminal:
+            if gate():
+                running = f": {search_text(job.progress)}" if "states" in job.progress else ""
+                err.print(f"job {job.id} {job.state.value}{running}", markup=False)
             time.sleep(interval)
             job = queue.get(job_id)
-            live.update(job_table(job))
     out.print(job_table(job))
     out.print(describe(job), markup=False)
     if job.state.value != "succeeded":
@@ -637,34 +655,27 @@ def batch(
     local: Annotated[bool, typer.Option(help="run the jobs in this process instead of through workers")] = False,
     workers: Annotated[int | None, typer.Option(min=1, help="run the jobs on Ray with this many workers")] = None,
     ray_address: Annotated[str | None, typer.Option(help="run the jobs on this Ray cluster")] = None,
-    target: Annotated[str | None, typer.Option(help="target of lines that name none [default: auto]")] = None,
-    budget_s: Annotated[float | None, typer.Option(help="search budget of lines that name none")] = None,
+    target: Annotated[str, _target_option("target of lines that name none")] = DEFAULT_TARGET,
+    budget_s: Annotated[float, typer.Option(help="search budget of lines that name none")] = DEFAULT_BUDGET_S,
     db: DbOption = None,
     as_json: JsonOption = False,
     optimizer: OptimizerOption = None,
 ) -> None:
     """Optimize every program of a file (one job each) and print a summary; cached ones are not searched again."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
     from superopt.batch import read_batch, run_batch, summary_rows
     from superopt.db.engine import open_database
     from superopt.jobs_render import batch_table
     from superopt.worker import load_optimizer
 
-    defaults = {k: v for k, v in {"target": target, "budget_s": budget_s}.items() if v is not None}
-    entries = read_batch(file, defaults)
+    entries = read_batch(file, {"target": target, "budget_s": budget_s})
     database = open_database(db)
     optimize = load_optimizer(optimizer)
     if not (local or workers or ray_address):
         err.print(f"{len(entries)} jobs queued; workers run them (`superopt worker`, or use --local)", markup=False)
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-    with Progress(*columns, console=err, transient=True) as bar:
-        task = bar.add_task("batch", total=len(entries))
-
+    with count_progress(err, "batch", len(entries)) as update:
         def progress(views: list[Any]) -> None:
             done = [v for v in views if v.state.terminal]
-            hits = sum(1 for v in done if v.cache_hit)
-            bar.update(task, completed=len(done), description=f"batch ({hits} from the cache)")
+            update(len(done), f"{sum(1 for v in done if v.cache_hit)} from the cache")
 
         views = run_batch(database, entries, local=local, optimize=optimize, on_progress=progress,
                           ray_workers=workers, ray_address=ray_address, optimizer_spec=optimizer)
@@ -697,31 +708,33 @@ def report(
 @app.command()
 @user_errors
 def serve(
-    host: Annotated[str, typer.Option(help="address to listen on")] = "127.0.0.1",
-    port: Annotated[int, typer.Option(min=1, max=65535)] = 8000,
-    max_body_bytes: Annotated[int, typer.Option(min=1024, help="largest request body accepted")] = 1 << 20,
-    body_timeout_s: Annotated[float, typer.Option(min=0.1, help="seconds a request body may take to arrive")] = 10.0,
+    host: Annotated[str, typer.Option(help="address to listen on")] = SERVE_HOST,
+    port: Annotated[int, typer.Option(min=1, max=65535)] = SERVE_PORT,
+    max_body_bytes: Annotated[int, typer.Option(min=1024, help="largest request body accepted")] = MAX_BODY_BYTES,
+    body_timeout_s: Annotated[float, typer.Option(
+        min=0.1, help="seconds a request body may take to arrive")] = BODY_TIMEOUT_S,
     allowed_host: Annotated[list[str] | None, typer.Option(
-        help="a Host name clients reach the service by, besides the loopback names and --host (repeatable; "
-             "'*': any; also $SUPEROPT_ALLOWED_HOSTS, comma-separated)")] = None,
+        envvar=HOSTS_ENV, help="a Host name clients reach the service by, besides the loopback names and --host "
+                               "(repeatable or comma-separated; '*': any)")] = None,
+    token: Annotated[str | None, typer.Option(
+        envvar=TOKEN_ENV, show_default=False,
+        help=f"bearer token every route but the health checks requires; set ${TOKEN_ENV} rather than this "
+             "option, which other users of the host can read in the process list")] = None,
     db: DbOption = None,
 ) -> None:
-    """Serve jobs and the kernel cache over HTTP (set SUPEROPT_TOKEN to require a bearer token)."""
-    import os
-
+    """Serve jobs and the kernel cache over HTTP (with a token, clients must send it as a bearer token)."""
     import uvicorn
 
     from superopt.db.engine import open_database
-    from superopt.service import HOSTS_ENV, LOOPBACK_HOSTS, create_app
+    from superopt.service import LOOPBACK_HOSTS, create_app
 
-    token = os.environ.get("SUPEROPT_TOKEN") or None
     database = open_database(db)
-    if token is None and host not in ("127.0.0.1", "localhost", "::1"):
-        err.print(f"warning: serving on {host} without SUPEROPT_TOKEN: anyone who reaches it can submit jobs")
-    from_env = [h for h in os.environ.get(HOSTS_ENV, "").split(",") if h.strip()]
-    bound = [] if host in ("0.0.0.0", "::") else [host]  # a wildcard address is no name clients use
-    hosts = [*LOOPBACK_HOSTS, *bound, *from_env, *(allowed_host or [])]
-    service = create_app(database, token=token, max_body_bytes=max_body_bytes, allowed_hosts=hosts,
+    if not token and host not in ("127.0.0.1", "localhost", "::1"):
+        err.print(f"warning: serving on {host} without {TOKEN_ENV}: anyone who reaches it can submit jobs")
+    named = [h.strip() for value in allowed_host or [] for h in value.split(",") if h.strip()]
+    listening = [] if host in ("0.0.0.0", "::") else [host]  # a wildcard address is no name clients use
+    hosts = [*LOOPBACK_HOSTS, *listening, *named]
+    service = create_app(database, token=token or None, max_body_bytes=max_body_bytes, allowed_hosts=hosts,
                       body_timeout_s=body_timeout_s)
     uvicorn.run(service, host=host, port=port)
 
@@ -733,10 +746,10 @@ def worker(
     once: Annotated[bool, typer.Option(help="exit when the queue is empty instead of waiting for jobs")] = False,
     ray_address: Annotated[str | None, typer.Option(help="Ray cluster to search on (passed to the optimizer)")] = None,
     workers: Annotated[int | None, typer.Option(min=1, help="Ray workers for each job's search")] = None,
-    lease_s: Annotated[float, typer.Option(min=1.0, help="seconds a job stays ours without a heartbeat")] = 60.0,
-    poll_s: Annotated[float, typer.Option(min=0.01, help="seconds between looks at an empty queue")] = 1.0,
+    lease_s: Annotated[float, typer.Option(min=1.0, help="seconds a job stays ours without a heartbeat")] = LEASE_S,
+    poll_s: Annotated[float, typer.Option(min=0.01, help="seconds between looks at an empty queue")] = POLL_S,
     db_retry_s: Annotated[float, typer.Option(min=0.0, help="seconds to keep retrying an unreachable database "
-                                                            "before exiting")] = 600.0,
+                                                            "before exiting")] = DB_RETRY_S,
     optimizer: OptimizerOption = None,
 ) -> None:
     """Claim and run jobs from the queue; SIGTERM or Ctrl-C hands the current job back."""
@@ -776,8 +789,7 @@ def export(
     ] = None,
     params: Annotated[str, typer.Option(help="symbol values for --sgraph, e.g. gx=8,F=4 (default: the cost "
                                              "model's best)")] = "",
-    target: Annotated[str, typer.Option(help="target the kernels are generated for (h100, h200, a100; auto: "
-                                             "the local GPU, else h100)")] = "h100",
+    target: Annotated[str, _target_option("target the kernels are generated for")] = DEFAULT_TARGET,
     budget_s: Annotated[float | None, typer.Option(
         "--budget-s", help=f"search time budget, as `optimize` takes [default: {DEFAULT_BUDGET_S:g}]")] = None,
     force: Annotated[bool, typer.Option(help="search even when the kernel cache has an answer, as `optimize "
@@ -803,8 +815,9 @@ def export(
 
         budget = DEFAULT_BUDGET_S if budget_s is None else budget_s
         parse_request({"program": spec, "target": target, "budget_s": budget})  # checked as `optimize` checks it
-        best = optimize(program, target=target, budget_s=budget, force=force, cache=not no_cache,
-                        reuse=not no_cache, db=db).best
+        with search_progress(err, budget) as progress:
+            best = optimize(program, target=target, budget_s=budget, force=force, cache=not no_cache,
+                            reuse=not no_cache, db=db, progress=progress).best
         sg, values = best.sgraph, dict(best.params)
     else:
         sg = load_sgraph(sgraph, program, spec)

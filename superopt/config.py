@@ -10,11 +10,31 @@ computed again, and a search that ran out of budget says so in its stats.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import Field, asdict, dataclass, field, fields
+from typing import Any
 
 from superopt.digest import stable_digest
+from superopt.ops import LAYOUT, Op
+from superopt.targets import TARGETS
 
 DEFAULT_BUDGET_S = 300.0  # seconds a search may take unless told otherwise (`optimize`, a job)
+# What a request that names no target gets (CLI, HTTP, Python): the local GPU, measured, when there is
+# one, else the cost model's estimates for an H100 (superopt.api.resolve_target).
+DEFAULT_TARGET = "auto"
+TARGET_HELP = (f"auto: the local GPU (timed) when there is one, else h100 cost-model estimates; "
+               f"or one of {', '.join(TARGETS)} (cost-model estimates)")
+
+# -- the service and the workers: what `superopt serve` and `superopt worker` take unless told ---
+SERVE_HOST, SERVE_PORT = "127.0.0.1", 8000  # loopback: nothing outside this host reaches it by default
+MAX_BODY_BYTES = 1 << 20  # 1 MiB: the largest built-in program JSON is a few KB
+BODY_TIMEOUT_S = 10.0  # a 1 MiB body over loopback takes milliseconds
+LEASE_S = 60.0  # seconds a claimed job stays a worker's without a heartbeat
+POLL_S = 1.0  # seconds between a worker's looks at an empty queue
+DB_RETRY_S = 600.0  # seconds a worker retries an unreachable database before it exits
+# Environment variables the command line reads (through its options, so that --help names them).
+DB_URL_ENV = "SUPEROPT_DB_URL"  # superopt.db.engine reads it too, for the Python API
+TOKEN_ENV = "SUPEROPT_TOKEN"
+HOSTS_ENV = "SUPEROPT_ALLOWED_HOSTS"
 
 # -- the fixed bounds of the space (the search imports them from here) ---------------------------
 MAX_ACCUMULATORS = 3  # per block graph, as in Mirage's generator
@@ -31,10 +51,10 @@ GRID_TILES = (8, 16, 32, 64, 128, 256)  # Mirage's 1-D grid candidates: dim / ti
 LOOP_RANGES = (4, 16, 64)  # Mirage's loop ranges
 # Composites with a reduction, and the primitives a fused schedule splits them into.
 SPLITTABLE = {
-    "rms_norm": ("square", "mean", "add", "sqrt", "div"),
-    "softmax": ("sub", "max", "exp", "sum", "div"),
+    Op.RMS_NORM: (Op.SQUARE, Op.MEAN, Op.ADD, Op.SQRT, Op.DIV),
+    Op.SOFTMAX: (Op.SUB, Op.MAX, Op.EXP, Op.SUM, Op.DIV),
 }
-UNSUPPORTED = ("transpose", "reshape")  # layout ops stay library kernels; blocks never contain them
+UNSUPPORTED = LAYOUT  # layout ops stay library kernels; blocks never contain them
 # The rules written as code rather than as the numbers above: bump when a change to how the search
 # enumerates changes what a configuration covers.
 SPACE_RULES = 2  # 2: elementwise chains are one block op
@@ -56,16 +76,35 @@ def space_version() -> str:
     return stable_digest(space_constants())[:16]
 
 
+def _bound(default: int, low: int, high: int, meaning: str) -> Any:
+    """A search bound with the range a request may ask for and what it means: the CLI's options
+    and the HTTP schema (superopt.jobspec.ConfigSpec) take their defaults, ranges and help here."""
+    return field(default=default, metadata={"ge": low, "le": high, "description": meaning})
+
+
 @dataclass(frozen=True)
 class SearchConfig:
-    max_kernel_ops: int = 5
-    max_block_ops: int = 11
-    max_grid_axes: int = 3
-    max_block_inputs: int = 4  # LoRA's best schedule reads X, W, X @ A and B in one kernel
-    concrete: bool = False
+    """The search bounds a request chooses; every front end's defaults are these."""
+
+    max_kernel_ops: int = _bound(5, 1, 32, "kernels per kernel graph")
+    max_block_ops: int = _bound(11, 1, 64, "compute ops per block graph")
+    max_grid_axes: int = _bound(3, 1, 3, "grid axes of a graph-defined kernel")
+    # LoRA's best schedule reads X, W, X @ A and B in one kernel
+    max_block_inputs: int = _bound(4, 1, 16, "inputs per block graph")
+    concrete: bool = field(default=False, metadata={
+        "description": "enumerate concrete grid/loop sizes and maps (Mirage-style) instead of symbols"})
 
     def to_json(self) -> dict[str, object]:
         return {**asdict(self), "space_version": space_version()}
 
     def hash(self) -> str:
         return stable_digest(self.to_json())[:16]
+
+
+DEFAULT_CONFIG = SearchConfig()
+
+
+def bound(name: str) -> Field[Any]:
+    """The dataclass field of the search bound `name`: its default and, in `metadata`, its range
+    ("ge", "le") and meaning ("description"), as pydantic's Field takes them."""
+    return next(f for f in fields(SearchConfig) if f.name == name)

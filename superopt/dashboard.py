@@ -40,6 +40,7 @@ from markupsafe import escape
 
 import superopt
 from superopt.charts import bar_chart, speedup_bars
+from superopt.config import DEFAULT_TARGET
 from superopt.dashboard_data import JOBS_MAX, JOBS_SHOWN, CacheListing, cache_groups, recent_jobs, speedup_rows
 from superopt.db.cache import KernelCache
 from superopt.db.errors import NotFound, RequestError
@@ -179,8 +180,8 @@ def router(queue: JobQueue, cache: KernelCache, token: str | None, authorized: A
     def submit_page(request: Request) -> Response:
         if (stop := gate(request)) is not None:
             return stop
-        return page("submit.html", targets=sorted(TARGETS), values={"target": "auto", "budget_s": "", "program": ""},
-                    error="")
+        values = {"target": DEFAULT_TARGET, "budget_s": "", "program": ""}
+        return page("submit.html", targets=sorted(TARGETS), values=values, error="")
 
     @routes.post("/ui/submit")
     async def submit_post(request: Request) -> Response:

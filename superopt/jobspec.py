@@ -16,7 +16,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from superopt import workloads
-from superopt.config import DEFAULT_BUDGET_S, SearchConfig
+from superopt.config import DEFAULT_BUDGET_S, DEFAULT_TARGET, TARGET_HELP, SearchConfig, bound
 from superopt.db.errors import RequestError
 from superopt.db.jobs import JobQueue, JobView
 from superopt.limits import MAX_BUDGET_S, MAX_STATES, shown
@@ -24,19 +24,24 @@ from superopt.loading import LoadError, load_program
 from superopt.program import Program, ProgramError
 from superopt.targets import TARGETS
 
-_DEFAULT = SearchConfig()
 _STRICT = ConfigDict(extra="forbid", strict=True)
+
+
+def _bound(name: str) -> Any:
+    """The schema field of a search bound: default, range and description from SearchConfig."""
+    f = bound(name)
+    return Field(f.default, **f.metadata)
 
 
 class ConfigSpec(BaseModel):
     """The search bounds (superopt.config.SearchConfig); omitted fields keep their defaults."""
 
     model_config = _STRICT
-    max_kernel_ops: int = Field(_DEFAULT.max_kernel_ops, ge=1, le=32)
-    max_block_ops: int = Field(_DEFAULT.max_block_ops, ge=1, le=64)
-    max_grid_axes: int = Field(_DEFAULT.max_grid_axes, ge=1, le=3)
-    max_block_inputs: int = Field(_DEFAULT.max_block_inputs, ge=1, le=16)
-    concrete: bool = _DEFAULT.concrete
+    max_kernel_ops: int = _bound("max_kernel_ops")
+    max_block_ops: int = _bound("max_block_ops")
+    max_grid_axes: int = _bound("max_grid_axes")
+    max_block_inputs: int = _bound("max_block_inputs")
+    concrete: bool = _bound("concrete")
 
     def to_config(self) -> SearchConfig:
         return SearchConfig(**self.model_dump())
@@ -47,7 +52,7 @@ class JobRequest(BaseModel):
 
     model_config = _STRICT
     program: Any = Field(description="program JSON (superopt.program/1) or a built-in workload name")
-    target: str = Field("auto", description=f"auto, or one of {', '.join(TARGETS)}")
+    target: str = Field(DEFAULT_TARGET, description=TARGET_HELP)
     budget_s: float | None = Field(DEFAULT_BUDGET_S, gt=0, le=MAX_BUDGET_S, allow_inf_nan=False,
                                    description="search time budget in seconds (null: none)")
     max_states: int | None = Field(None, gt=0, le=MAX_STATES, description="search state budget")

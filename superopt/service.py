@@ -12,7 +12,9 @@ announces more than it sends does not hold a connection. While the database is u
 route that needs it answers 503 with Retry-After, and the health checks say so.
 
     POST   /jobs            {"program": <program JSON or built-in name>, "target", "budget_s", ...}
-                            Idempotency-Key header: a retried submission answers the same job
+                            Idempotency-Key header: a retried submission answers the same job;
+                            answers the job as GET /jobs/{id} shows it: succeeded, with its
+                            result, at once when the cache has the answer
     GET    /jobs/{id}       {"id", "state", "progress", "error", "result", ...}
     DELETE /jobs/{id}       cancel
     GET    /cache?hash=&target=&program=&limit=&offset=
@@ -37,6 +39,7 @@ from fastapi.exceptions import HTTPException, RequestValidationError
 from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html
 from fastapi.responses import HTMLResponse, JSONResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from pydantic import BaseModel, Field
 from sqlalchemy.exc import InterfaceError, OperationalError, SQLAlchemyError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -44,6 +47,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 import superopt
 from superopt import dashboard
+from superopt.config import BODY_TIMEOUT_S, HOSTS_ENV, MAX_BODY_BYTES
 from superopt.db.cache import KernelCache
 from superopt.db.engine import Database, reason, unavailable
 from superopt.db.errors import Conflict, NotFound, RequestError
@@ -52,15 +56,47 @@ from superopt.jobspec import JobRequest, request_error
 from superopt.jsontext import json_problem
 from superopt.limits import shown
 
-DEFAULT_MAX_BODY = 1 << 20  # 1 MiB: the largest built-in program JSON is a few KB
-DEFAULT_BODY_TIMEOUT_S = 10.0  # a 1 MiB body over loopback takes milliseconds
 LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "[::1]")
-HOSTS_ENV = "SUPEROPT_ALLOWED_HOSTS"
 RETRY_AFTER_S = 5  # what a client told 503 should wait: a worker's longest backoff step
 IDEMPOTENCY_KEY = r"^[!-~]{1,200}$"  # visible ASCII: a UUID, a hash, a client's request id
 DEFAULT_PAGE, MAX_PAGE = 50, 200  # cached winners per page of GET /cache: by default, and at most
 PRINTABLE = r"^[ -~]+$"  # ASCII text: what target names and fingerprints are made of (no NUL: PostgreSQL refuses it)
 log = logging.getLogger("superopt.service")
+
+
+class ErrorBody(BaseModel):
+    """What every error answers, so that a client can show one line and point at the field."""
+
+    detail: str = Field(description="the problem, after the field it is in", examples=["budget_s: Input should be "
+                                                                                          "greater than 0"])
+    field: str = Field(description="the field, header or part of the request at fault", examples=["budget_s"])
+
+
+class Health(BaseModel):
+    """What GET /health answers: 200 with "ok" while the database answers, else 503."""
+
+    status: str = Field(description='"ok" or "unavailable"')
+    version: str = Field(description="superopt's version")
+    database: str = Field(description='"ok" or "unreachable"')
+
+
+# Why each error status is answered; a route declares those it can answer (`errors`).
+WHY = {
+    401: "a token is set and the request does not send it as Authorization: Bearer TOKEN",
+    404: "no job or kernel with that id",
+    408: "the request body did not arrive in time",
+    409: "the job has already finished",
+    413: "the request body is too large",
+    415: "the body is not application/json",
+    421: "the Host header names none of the names the service answers to",
+    422: "a field is invalid, missing or unknown, or the body is not JSON",
+    503: "the database is unreachable; try again after Retry-After seconds",
+}
+
+
+def errors(*codes: int) -> dict[int | str, dict[str, Any]]:
+    """The OpenAPI `responses` of these error statuses, each with ErrorBody."""
+    return {code: {"model": ErrorBody, "description": WHY[code]} for code in codes}
 
 
 class ApiError(HTTPException):
@@ -176,8 +212,8 @@ class HostAllowList:
 
 
 def create_app(
-    db: Database, *, token: str | None = None, max_body_bytes: int = DEFAULT_MAX_BODY,
-    allowed_hosts: Collection[str] = LOOPBACK_HOSTS, body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S,
+    db: Database, *, token: str | None = None, max_body_bytes: int = MAX_BODY_BYTES,
+    allowed_hosts: Collection[str] = LOOPBACK_HOSTS, body_timeout_s: float = BODY_TIMEOUT_S,
 ) -> FastAPI:
     app = FastAPI(title="superopt", version=superopt.__version__, summary=__doc__.splitlines()[0],
                   docs_url=None, redoc_url=None, openapi_url=None)  # served below, behind the token
@@ -247,19 +283,24 @@ def create_app(
 
     guarded = [Depends(authorized)]
 
-    @app.get("/health")
+    @app.get("/health", summary="Version and database status", response_model=Health, responses={
+        **errors(421), 503: {"model": Health, "description": "the database is unreachable; Retry-After says when to "
+                                                               "ask again"}})
     def health() -> JSONResponse:
+        """The service's version and whether its database answers, for people and monitors."""
         up = database_reachable()
         body = {"status": "ok" if up else "unavailable", "version": superopt.__version__,
                 "database": "ok" if up else "unreachable"}
         return JSONResponse(body, 200 if up else 503, None if up else {"Retry-After": str(RETRY_AFTER_S)})
 
-    @app.get("/health/live")
+    @app.get("/health/live", summary="The process answers", responses=errors(421))
     def live() -> dict[str, str]:
+        """Liveness: answers while the process runs, whatever the database does."""
         return {"status": "ok"}
 
-    @app.get("/health/ready")
+    @app.get("/health/ready", summary="The database answers", responses=errors(421, 503))
     def ready() -> JSONResponse:
+        """Readiness, for a load balancer: 200 while the database answers, else 503."""
         if not database_reachable():
             return _unavailable()
         return JSONResponse({"status": "ok", "database": "ok"})
@@ -276,26 +317,34 @@ def create_app(
     def redoc() -> HTMLResponse:
         return get_redoc_html(openapi_url="/openapi.json", title="superopt API")
 
-    @app.post("/jobs", status_code=201, dependencies=guarded)
+    @app.post("/jobs", status_code=201, dependencies=guarded, summary="Submit an optimization job",
+              responses=errors(401, 408, 413, 415, 421, 422, 503))
     def submit(
         req: JobRequest,
         idempotency_key: Annotated[str | None, Header(
             pattern=IDEMPOTENCY_KEY, description="a retry with this key and the same body answers the same job; "
                                                  "with another body, 422")] = None,
     ) -> dict[str, Any]:
-        job = req.submit_to(queue, req.build_program(), idempotency_key=idempotency_key)
-        return {"id": job.id, "state": job.state.value, "cache_hit": job.cache_hit}
+        """Queue a job for the workers and answer it as GET /jobs/{job_id} shows it. A program the
+        kernel cache answers (same program, target and search bounds; not `force`) is answered at
+        once: state "succeeded", `cache_hit` true, the result, no worker needed."""
+        return req.submit_to(queue, req.build_program(), idempotency_key=idempotency_key).to_json()
 
-    @app.get("/jobs/{job_id}", dependencies=guarded)
+    @app.get("/jobs/{job_id}", dependencies=guarded, summary="A job", responses=errors(401, 404, 421, 422, 503))
     def job(job_id: int) -> dict[str, Any]:
+        """A job: its state, progress while it runs, then its result (the winner's kernel id, times,
+        verdict) or its error."""
         return queue.get(job_id).to_json()
 
-    @app.delete("/jobs/{job_id}", dependencies=guarded)
+    @app.delete("/jobs/{job_id}", dependencies=guarded, summary="Cancel a job",
+                responses=errors(401, 404, 409, 421, 422, 503))
     def cancel(job_id: int) -> dict[str, Any]:
+        """Cancel a queued or running job (a running one's worker stops at its next heartbeat); a
+        finished job cannot be, 409."""
         view = queue.cancel(job_id)
         return {"id": view.id, "state": view.state.value}
 
-    @app.get("/cache", dependencies=guarded)
+    @app.get("/cache", dependencies=guarded, summary="Cached winners", responses=errors(401, 421, 422, 503))
     def lookup(
         hash: Annotated[str | None, Query(description="canonical program hash or a prefix: 4 to 64 lowercase hex "
                                                       "digits")] = None,
@@ -305,11 +354,16 @@ def create_app(
         limit: Annotated[int, Query(ge=1, le=MAX_PAGE, description="winners per page")] = DEFAULT_PAGE,
         offset: Annotated[int, Query(ge=0, le=2**62, description="winners skipped")] = 0,
     ) -> dict[str, Any]:
+        """The kernel cache's winners, newest first, a page at a time (what `superopt cache ls`
+        lists), optionally of one program hash (or prefix), target or program name."""
         entries = cache.entries(hash, target, program=program, limit=limit, offset=offset)
         return {"entries": [e.to_json() for e in entries], "limit": limit, "offset": offset}
 
-    @app.get("/kernels/{kernel_id}", dependencies=guarded)
+    @app.get("/kernels/{kernel_id}", dependencies=guarded, summary="A stored kernel",
+             responses=errors(401, 404, 421, 422, 503))
     def kernel(kernel_id: int) -> dict[str, Any]:
+        """A stored kernel: its sGraph, parameters, CUDA source, verdict and times, checked as a
+        cache hit's kernel is before it is served; a row that fails the check is answered 404."""
         return cache.kernel(kernel_id)
 
     app.include_router(dashboard.router(queue, cache, token, authorized))  # the web UI at /

@@ -28,15 +28,15 @@ from typing import Any
 
 from sqlalchemy.exc import SQLAlchemyError
 
+from superopt.config import DB_RETRY_S, LEASE_S, POLL_S
+from superopt.core.result import Result
 from superopt.db.cache import KernelCache
 from superopt.db.engine import Database, DatabaseUnavailable, Retry, reason, unavailable
 from superopt.db.errors import RequestError
-from superopt.db.jobs import DEFAULT_LEASE_S, Claim, JobQueue, JobView, resolve_fingerprint
+from superopt.db.jobs import Claim, JobQueue, JobView, resolve_fingerprint
 from superopt.db.keys import CacheKey
-from superopt.result import Result
 
 Optimize = Callable[..., Result]
-DEFAULT_DB_RETRY_S = 600.0
 
 
 class JobAborted(BaseException):
@@ -77,8 +77,8 @@ def new_worker_id() -> str:
 class Worker:
     def __init__(
         self, db: Database, *, optimize: Optimize | None = None, worker_id: str | None = None,
-        lease_s: float = DEFAULT_LEASE_S, poll_s: float = 1.0, ray_address: str | None = None,
-        workers: int | None = None, db_retry_s: float = DEFAULT_DB_RETRY_S,
+        lease_s: float = LEASE_S, poll_s: float = POLL_S, ray_address: str | None = None,
+        workers: int | None = None, db_retry_s: float = DB_RETRY_S,
         log: Callable[[str], None] | None = None,
     ) -> None:
         self.queue = JobQueue(db, lease_s=lease_s)

@@ -13,7 +13,7 @@ import time
 from collections import Counter
 
 import pytest
-from db_fixtures import BACKENDS, cli_env, database_url, failing_optimize, optimize, slow_optimize, superopt_process
+from db_fixtures import cli_env, failing_optimize, optimize, slow_optimize, superopt_process
 from sqlalchemy import func, select
 
 from superopt import workloads
@@ -24,19 +24,6 @@ from superopt.db.jobs import JobQueue, JobView
 from superopt.db.models import Candidate, Job, JobState, Winner
 from superopt.program import Program
 from superopt.worker import Worker, cache_note, describe, resolve_fingerprint
-
-
-@pytest.fixture(params=BACKENDS)
-def url(request, tmp_path):
-    with database_url(request.param, tmp_path) as u:
-        yield u
-
-
-@pytest.fixture
-def db(url):
-    database = open_database(url)
-    yield database
-    database.close()
 
 
 def count(db, model, *where) -> int:
@@ -123,15 +110,31 @@ def test_cache_hits_at_submit_and_at_claim_and_force(db):
     assert searched.id == forced.id and not searched.cache_hit and searched.result["kernel_id"] != hit.result["kernel_id"]
     assert count(db, Winner) == 1  # the forced search replaced the winner of its key
     assert count(db, Candidate) == 4
-    # "auto" is resolved by the worker that claims the job (the local GPU, else h100), so the
-    # cache is checked then: the second such job is a hit at claim
+    # "auto" at submission means what it meant to the worker that last resolved it (the local
+    # GPU, else h100): the second such job is answered at once, as a named target's is
     auto = queue.submit(workloads.resolve("lora:ci"))
     assert auto.state is JobState.queued and not run_one(worker).cache_hit
     again = queue.submit(workloads.resolve("lora:ci"))
-    assert again.state is JobState.queued
-    claimed = run_one(worker)
-    assert claimed.id == again.id and claimed.cache_hit and claimed.attempts == 1
-    assert "input_names" not in claimed.result  # the same names: nothing to bind
+    assert again.state is JobState.succeeded and again.cache_hit and again.attempts == 0
+    assert again.result["kernel_id"] == queue.get(auto.id).result["kernel_id"]
+    assert "input_names" not in again.result  # the same names: nothing to bind
+
+
+def test_auto_at_submission_is_what_the_workers_resolved(db, monkeypatch):
+    """A service without a GPU in front of workers with one must not answer their "auto" jobs
+    from h100 estimates: what a worker last resolved "auto" to decides, before the submitting host."""
+    from superopt.db import jobs
+
+    monkeypatch.setattr(jobs, "_auto_fingerprint", lambda: resolve_fingerprint("h100"))  # this host: no GPU
+    queue = JobQueue(db)
+    program = workloads.resolve("lora:ci")
+    queue.submit(program, target="h100")
+    run_one(Worker(db, optimize=optimize))  # h100 estimates cached
+    assert queue.submit(program).state is JobState.succeeded  # no worker resolved "auto" yet: this host's h100
+    gpu_job = queue.submit(workloads.resolve("ntrans:ci"))
+    with db.write() as s:  # a worker with a GPU claimed an "auto" job
+        s.get(Job, gpu_job.id).target_fingerprint = "gpu:NVIDIA H200:cc=90"
+    assert queue.submit(program).state is JobState.queued
 
 
 def test_a_job_waits_while_its_twin_runs_and_is_then_a_cache_hit(db):

@@ -27,6 +27,7 @@ REPO = Path(__file__).resolve().parent.parent
 # why. A new one in search/ or superopt/config.py fails the first test until it goes into
 # `space_constants` (it changes what a configuration covers) or here (it does not).
 NOT_SPACE = {
+    "_SURFACE": "the names the package hands out (search/__init__.py), by module",
     "DEFAULT_BUDGET_S": "a budget: how long to look",
     "COMMUTATIVE": "a symmetry: the other operand order computes the same value",
     "UNIT": "the class number of a size-1 dim",
@@ -44,6 +45,9 @@ NOT_SPACE = {
     "_ORDER": "the canonical order of ops: the same ops in another order",
     "VIEWS": "a fact of the ops (their results are views of what they read), not a bound",
     "_SEARCHERS": "a worker process's state",
+    "MAX_BODY_BYTES": "the service's request limits", "BODY_TIMEOUT_S": "the service's request limits",
+    "LEASE_S": "how a worker holds a job", "POLL_S": "how a worker holds a job",
+    "DB_RETRY_S": "how long a worker waits for its database",
 }
 
 
