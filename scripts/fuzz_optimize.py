@@ -26,10 +26,11 @@ from pathlib import Path
 
 from superopt import Program
 from superopt.api import optimize
+from superopt.ops import Op
 from superopt.program import Tensor
 
-UNARY = ["exp", "sqrt", "silu", "relu", "neg", "square", "sigmoid", "gelu", "rsqrt"]
-BINARY = ["add", "mul", "sub", "div"]
+UNARY = [Op.EXP, Op.SQRT, Op.SILU, Op.RELU, Op.NEG, Op.SQUARE, Op.SIGMOID, Op.GELU, Op.RSQRT]
+BINARY = [Op.ADD, Op.MUL, Op.SUB, Op.DIV]
 
 
 def random_program(rng: random.Random, intermediate: bool = False, layouts: bool = False, heads: bool = False,
@@ -67,13 +68,13 @@ def random_program(rng: random.Random, intermediate: bool = False, layouts: bool
         elif r < 0.7:
             t = p.op(rng.choice(BINARY), t, x)
         elif r < 0.85:
-            t = p.op(rng.choice(["div", "sub", "mul"]), t, p.op(rng.choice(["sum", "mean", "max"]), x, dim=-1,
-                                                                  keepdim=True))
+            t = p.op(rng.choice([Op.DIV, Op.SUB, Op.MUL]), t, p.op(rng.choice([Op.SUM, Op.MEAN, Op.MAX]), x, dim=-1,
+                                                                     keepdim=True))
         else:
-            t = p.op(rng.choice(["mul", "add", "div"]), t, rng.choice([0.5, 2.0, 3.0]))
+            t = p.op(rng.choice([Op.MUL, Op.ADD, Op.DIV]), t, rng.choice([0.5, 2.0, 3.0]))
     out = t @ w
     if rng.random() < 0.3:
-        out = p.op(rng.choice(["add", "mul"]), out, x @ p.input("V", (*batch, d, e), dtype))
+        out = p.op(rng.choice([Op.ADD, Op.MUL]), out, x @ p.input("V", (*batch, d, e), dtype))
     if split:
         out = p.reshape(out, (*batch, n, 2, e // 2))
         swap = (*range(len(batch) + 1), len(batch) + 2, len(batch) + 1)
@@ -82,7 +83,7 @@ def random_program(rng: random.Random, intermediate: bool = False, layouts: bool
         out = p.transpose(out, swap)
     if rng.random() < 0.3:
         out = p.op(rng.choice(UNARY[:4]), out)
-    extra = [p.op(rng.choice(["sum", "max"]), out, dim=-1, keepdim=True)] if rng.random() < 0.2 else []
+    extra = [p.op(rng.choice([Op.SUM, Op.MAX]), out, dim=-1, keepdim=True)] if rng.random() < 0.2 else []
     if rng.random() < 0.2:
         out = p.rms_norm(out, -1)
     if intermediate and not extra and t is not x and rng.random() < 0.5:
@@ -92,7 +93,7 @@ def random_program(rng: random.Random, intermediate: bool = False, layouts: bool
 
 
 def run(program: Program, budget_s: float) -> dict[str, object]:
-    ops = [n.op for n in program.topological() if n.op not in ("input", "const")]
+    ops = [n.op for n in program.topological() if n.op not in ("input", Op.CONST)]
     row: dict[str, object] = {"program": program.name, "summary": program.summary(), "ops": ops}
     t0 = time.perf_counter()
     try:

@@ -45,10 +45,12 @@ from superopt.build import SGraphBuilder
 from superopt.config import SearchConfig
 from superopt.dimclasses import NO_CLASS, dim_classes
 from superopt.instantiate import instantiate
-from superopt.mutations import mutants
+from superopt.mutations import mutants, rename_readers, with_ops
+from superopt.ops import Op
 from superopt.program import Tensor
 from superopt.search.driver import run_search
 from superopt.sgraph import (
+    AccKind,
     Accumulator,
     BlockGraph,
     BlockOp,
@@ -108,9 +110,9 @@ class _Draw:
     def shifted(self, x: Tensor, dim: int = -1) -> Tensor:
         """x, or x with a constant or a vector broadcast along `dim` added, subtracted or multiplied
         in, or an elementwise op applied: the operands a reduction over `dim` pulls out of it."""
-        kind = self.rng.choice(("none", "const", "const", "const", "const", "vector", "vector", "vector", "exp",
-                                "square"))
-        op = self.rng.choice(("add", "add", "add", "sub", "mul"))
+        kind = self.rng.choice(("none", "const", "const", "const", "const", "vector", "vector", "vector", Op.EXP,
+                                Op.SQUARE))
+        op = self.rng.choice((Op.ADD, Op.ADD, Op.ADD, Op.SUB, Op.MUL))
         if kind == "const":
             c = self.rng.choice((1.0, 2.0, 0.5, 3.0))
             return self.p.op(op, x, c) if self.rng.random() < 0.7 else self.p.op(op, c, x)
@@ -120,13 +122,14 @@ class _Draw:
         return x if kind == "none" else self.p.op(kind, x)
 
     def reduce(self, x: Tensor, dim: int, keepdim: bool) -> Tensor:
-        return self.p.op(self.rng.choice(("sum", "sum", "sum", "sum", "mean", "max")), x, dim=dim, keepdim=keepdim)
+        op = self.rng.choice((Op.SUM, Op.SUM, Op.SUM, Op.SUM, Op.MEAN, Op.MAX))
+        return self.p.op(op, x, dim=dim, keepdim=keepdim)
 
     def combined(self, terms: Sequence[Tensor]) -> Tensor:
         """The terms added or subtracted in turn, sometimes scaled."""
         out = terms[0]
         for t in terms[1:]:
-            out = self.p.op(self.rng.choice(("add", "add", "sub")), out, t)
+            out = self.p.op(self.rng.choice((Op.ADD, Op.ADD, Op.SUB)), out, t)
         return self.p.mul(out, 0.5) if self.rng.random() < 0.2 else out
 
 
@@ -135,7 +138,7 @@ def _reductions(d: _Draw) -> list[Tensor]:
     of the first unsound proof, sum(X + 1) + sum(Y + 1) as sum(X) + sum(Y + 2)."""
     widths = d.rng.sample(WIDTHS, d.rng.choice((2, 2, 3)))
     keep = d.rng.random() < 0.75
-    same = d.rng.choice(("sum", "sum", "mean", "max")) if d.rng.random() < 0.5 else None  # one for all terms
+    same = d.rng.choice((Op.SUM, Op.SUM, Op.MEAN, Op.MAX)) if d.rng.random() < 0.5 else None  # one for all terms
 
     def reduce(x: Tensor, dim: int) -> Tensor:
         return d.reduce(x, dim, keep) if same is None else d.p.op(same, x, dim=dim, keepdim=keep)
@@ -149,7 +152,7 @@ def _broadcasts(d: _Draw) -> list[Tensor]:
     """A full tensor combined with a row reduction of another width (a broadcast along the
     width), sometimes reduced again and summed with a third width's reduction."""
     s = d.reduce(d.shifted(d.input("r", "b")), -1, True)
-    out = d.p.op(d.rng.choice(("add", "sub", "mul", "div")), d.shifted(d.input("r", "a")), s)
+    out = d.p.op(d.rng.choice((Op.ADD, Op.SUB, Op.MUL, Op.DIV)), d.shifted(d.input("r", "a")), s)
     if d.rng.random() < 0.5:
         out = d.combined([d.reduce(out, -1, True), d.reduce(d.shifted(d.input("r", "c")), -1, True)])
     return [out]
@@ -167,7 +170,7 @@ def _products(d: _Draw) -> list[Tensor]:
         inner, x = ("a", "b"), d.p.transpose(d.input("a", "r"), (1, 0))
     else:
         inner, x = ("a", "b"), d.input("r", "a")
-    pre = d.rng.choice(("none", "rms_norm", "softmax", "shift"))
+    pre = d.rng.choice(("none", Op.RMS_NORM, Op.SOFTMAX, "shift"))
     xp = d.shifted(x) if pre == "shift" else x if pre == "none" else d.p.op(pre, x, dim=-1)
     out = xp @ d.input(*inner)
     r = d.rng.random()
@@ -176,7 +179,7 @@ def _products(d: _Draw) -> list[Tensor]:
     elif r < 0.5:
         out = out + d.shifted(x) @ d.input(*inner)
     elif r < 0.7:
-        out = d.p.op(d.rng.choice(("add", "mul", "div")), out, d.reduce(d.shifted(x), -1, True))
+        out = d.p.op(d.rng.choice((Op.ADD, Op.MUL, Op.DIV)), out, d.reduce(d.shifted(x), -1, True))
     return [d.p.transpose(out, (1, 0)) if d.rng.random() < 0.2 else out]
 
 
@@ -246,7 +249,7 @@ def fused(program: Program, grid: int | None, loop: int | None) -> SGraph | None
     for n in program.topological():
         if n.op == "input":
             tensors[n.id] = n.id
-        elif n.op in ("transpose", "reshape") and n.inputs[0] in tensors:
+        elif n.op in ops.LAYOUT and n.inputs[0] in tensors:
             tensors[n.id] = b.library(n.op, tensors[n.inputs[0]], out=n.id, **dict(n.attrs))
     k = b.graph(grid=[("x", 1 if grid is None else "gx")], loop=("f", 1 if loop is None else "F"))
     body = [n for n in program.topological() if n.id not in tensors]
@@ -258,7 +261,7 @@ def fused(program: Program, grid: int | None, loop: int | None) -> SGraph | None
         tiles[n.id] = k.op(n.op, *(tiles[i] for i in n.inputs), **dict(n.attrs))
     for o in program.outputs:
         walked = dim(o, loop)
-        kind = "concat" if walked is not None else "mean" if program.nodes[o].op == "mean" else "sum"
+        kind = AccKind.CONCAT if walked is not None else AccKind.MEAN if program.nodes[o].op == Op.MEAN else AccKind.SUM
         split = 0 if grid is None else dim(o, grid)
         if split is None:
             return None
@@ -325,12 +328,12 @@ def _hops(b: BlockGraph) -> Iterator[tuple[str, BlockGraph]]:
     for phase, u, kept, q, j in _hop_sites(b):
         ops_: tuple[BlockOp, ...] = getattr(b, phase)
         v = ops_[j]
-        for sign in ("add", "sub"):
+        for sign in (Op.ADD, Op.SUB):
             moved = BlockOp(f"{v.id}_h", sign, (v.inputs[0], q))
             taker = replace(v, inputs=(moved.id,))
-            hopped = _renamed(_with_ops(b, phase, (*ops_[:j], moved, taker, *ops_[j + 1 :])), u.id, kept)
+            hopped = rename_readers(with_ops(b, phase, (*ops_[:j], moved, taker, *ops_[j + 1 :])), u.id, kept)
             rest = tuple(o for o in getattr(hopped, phase) if o.id != u.id)
-            yield f"{phase} op {u.id}'s operand {q} moved into {v.id} ({sign})", _with_ops(hopped, phase, rest)
+            yield f"{phase} op {u.id}'s operand {q} moved into {v.id} ({sign})", with_ops(hopped, phase, rest)
 
 
 def _hop_sites(b: BlockGraph) -> Iterator[tuple[str, BlockOp, str, str, int]]:
@@ -340,15 +343,15 @@ def _hop_sites(b: BlockGraph) -> Iterator[tuple[str, BlockOp, str, str, int]]:
         for u in ops_:
             for kept, q in _movable(u):
                 for j, v in enumerate(ops_):
-                    if v.op in ("sum", "mean") and _visible(b, phase, q, j):
+                    if v.op in (Op.SUM, Op.MEAN) and _visible(b, phase, q, j):
                         yield phase, u, kept, q, j
 
 
 def _movable(u: BlockOp) -> list[tuple[str, str]]:
     """(what u leaves behind, the operand that moves): either operand of a sum, the subtrahend."""
-    if u.op == "add":
+    if u.op == Op.ADD:
         return [(u.inputs[0], u.inputs[1]), (u.inputs[1], u.inputs[0])]
-    return [(u.inputs[0], u.inputs[1])] if u.op == "sub" else []
+    return [(u.inputs[0], u.inputs[1])] if u.op == Op.SUB else []
 
 
 def _hoists(b: BlockGraph) -> Iterator[tuple[str, BlockGraph]]:
@@ -363,7 +366,7 @@ def _hoists(b: BlockGraph) -> Iterator[tuple[str, BlockGraph]]:
         acc = Accumulator(f"{op.id}_acc", tile.id, first.kind, first.dim)
         moved = replace(b, body=(*b.body, tile), accumulators=(*b.accumulators, acc),
                         post=tuple(o for o in b.post if o is not op))
-        yield f"post op {op.id} ({op.op}) done per loop tile", _pruned(_renamed(moved, op.id, acc.id))
+        yield f"post op {op.id} ({op.op}) done per loop tile", _pruned(rename_readers(moved, op.id, acc.id))
 
 
 def _constant_axes(sg: SGraph) -> list[tuple[str, SGraph]]:
@@ -391,24 +394,6 @@ def _visible(b: BlockGraph, phase: str, tid: str, j: int) -> bool:
     op before it?"""
     first = [i.id for i in b.inputs] if phase == "body" else [a.id for a in b.accumulators]
     return tid in first or tid in {o.id for o in getattr(b, phase)[:j]}
-
-
-def _with_ops(b: BlockGraph, phase: str, ops_: Sequence[BlockOp]) -> BlockGraph:
-    return replace(b, body=tuple(ops_)) if phase == "body" else replace(b, post=tuple(ops_))
-
-
-def _renamed(b: BlockGraph, old: str, new: str) -> BlockGraph:
-    """Every reader of block tensor `old` reads `new` instead."""
-    def fix(ids: tuple[str, ...]) -> tuple[str, ...]:
-        return tuple(new if i == old else i for i in ids)
-
-    return replace(
-        b,
-        body=tuple(replace(o, inputs=fix(o.inputs)) for o in b.body),
-        post=tuple(replace(o, inputs=fix(o.inputs)) for o in b.post),
-        accumulators=tuple(replace(a, source=fix((a.source,))[0]) for a in b.accumulators),
-        outputs=tuple(replace(o, source=fix((o.source,))[0]) for o in b.outputs),
-    )
 
 
 def _pruned(b: BlockGraph) -> BlockGraph:
@@ -668,9 +653,9 @@ def known_bad_case() -> Case:
     b = SGraphBuilder.for_program(programs[0], "known_bad")
     k = b.graph(grid=[("x", "gx")])
     xt, yt = k.input("X", [0], None), k.input("Y", [0], None)
-    one = k.op("const", value=1.0)
-    o = k.op("add", k.op("sum", xt, dim=1, keepdim=True),
-             k.op("sum", k.op("add", yt, k.op("add", one, one)), dim=1, keepdim=True))
+    one = k.op(Op.CONST, value=1.0)
+    o = k.op(Op.ADD, k.op(Op.SUM, xt, dim=1, keepdim=True),
+             k.op(Op.SUM, k.op(Op.ADD, yt, k.op(Op.ADD, one, one)), dim=1, keepdim=True))
     k.output(k.acc(o), "O", [0])
     return Case(programs, b.build(["O"]), "sum(X) + sum(Y + (1 + 1)) for sum(X + 1) + sum(Y + 1)")
 
@@ -678,7 +663,7 @@ def known_bad_case() -> Case:
 def known_program(rows: int, x_width: int, y_width: int) -> Program:
     p = Program("known_bad")
     x, y = p.input("X", (rows, x_width), "f32"), p.input("Y", (rows, y_width), "f32")
-    p.output(p.op("add", p.sum(x + 1.0, -1, keepdim=True), p.sum(y + 1.0, -1, keepdim=True), name="O"))
+    p.output(p.op(Op.ADD, p.sum(x + 1.0, -1, keepdim=True), p.sum(y + 1.0, -1, keepdim=True), name="O"))
     return p
 
 

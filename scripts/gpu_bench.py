@@ -24,11 +24,12 @@ from typing import Any
 
 from superopt import workloads
 from superopt.build import unfused_baseline
+from superopt.core.result import Result
 from superopt.costmodel import best_params, estimate, floor
 from superopt.instantiate import instantiate
+from superopt.ops import Op
 from superopt.program import Program
 from superopt.reference import inputs_and_reference, max_rel_err
-from superopt.result import Result
 from superopt.runtime import device_fingerprint, fingerprint_text
 from superopt.runtime.calibrate import calibrate
 from superopt.runtime.measure import measure, measure_baseline
@@ -89,29 +90,31 @@ def torch_time_us(program: Program, n_repeat: int, n_warmup: int) -> tuple[float
 
 def _torch_op(torch: Any, op: str, a: list[Any], attrs: Any, tdt: Any) -> Any:
     f = torch.nn.functional
-    if op == "const":
+    if op == Op.CONST:
         return torch.tensor(attrs["value"], dtype=tdt, device="cuda")
-    simple = {"matmul": torch.matmul, "add": torch.add, "sub": torch.sub, "mul": torch.mul, "div": torch.div,
-              "neg": torch.neg, "exp": torch.exp, "sqrt": torch.sqrt, "rsqrt": torch.rsqrt, "relu": torch.relu,
-              "sigmoid": torch.sigmoid, "silu": f.silu}
+    simple: dict[str, Any] = {
+        Op.MATMUL: torch.matmul, Op.ADD: torch.add, Op.SUB: torch.sub, Op.MUL: torch.mul, Op.DIV: torch.div,
+        Op.NEG: torch.neg, Op.EXP: torch.exp, Op.SQRT: torch.sqrt, Op.RSQRT: torch.rsqrt, Op.RELU: torch.relu,
+        Op.SIGMOID: torch.sigmoid, Op.SILU: f.silu,
+    }
     if op in simple:
         return simple[op](*a)
-    if op == "square":
+    if op == Op.SQUARE:
         return a[0] * a[0]
-    if op == "gelu":
+    if op == Op.GELU:
         return f.gelu(a[0], approximate="tanh")
-    if op in ("sum", "mean"):
+    if op in (Op.SUM, Op.MEAN):
         return getattr(torch, op)(a[0], dim=attrs["dim"], keepdim=attrs["keepdim"])
-    if op == "max":
+    if op == Op.MAX:
         return torch.amax(a[0], dim=attrs["dim"], keepdim=attrs["keepdim"])
-    if op == "softmax":
+    if op == Op.SOFTMAX:
         return torch.softmax(a[0], dim=attrs["dim"])
-    if op == "rms_norm":
+    if op == Op.RMS_NORM:
         x = a[0].float()
         return (x / torch.sqrt(x.pow(2).mean(dim=attrs["dim"], keepdim=True) + attrs["eps"])).to(tdt)
-    if op == "transpose":
+    if op == Op.TRANSPOSE:
         return a[0].permute(*attrs["perm"])
-    if op == "reshape":
+    if op == Op.RESHAPE:
         return a[0].reshape(*attrs["shape"])
     raise ValueError(f"no PyTorch spelling of op {op!r}")
 

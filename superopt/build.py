@@ -15,6 +15,7 @@ from typing import Any
 
 from superopt.program import Program
 from superopt.sgraph import (
+    AccKind,
     Accumulator,
     Axis,
     BlockGraph,
@@ -60,7 +61,7 @@ class BlockBuilder:
         self.body.append(BlockOp(bid, op, tuple(args), attrs))
         return bid
 
-    def acc(self, source: str, kind: str = "sum", dim: int | None = None, name: str | None = None) -> str:
+    def acc(self, source: str, kind: str = AccKind.SUM, dim: int | None = None, name: str | None = None) -> str:
         bid = name or self._id("acc")
         self.accs.append(Accumulator(bid, source, kind, dim))
         return bid

@@ -13,6 +13,7 @@ from typing import Any
 
 from superopt import ops
 from superopt.digest import stable_digest
+from superopt.ops import Op
 from superopt.program import Program
 
 
@@ -47,7 +48,7 @@ def canonical_form(program: Program) -> dict[str, Any]:
             nodes.append(["input", list(n.shape), n.dtype])
             continue
         attrs = ops.canonical_attrs(n.op, n.attrs, [program.nodes[i].size_shape for i in n.inputs])
-        if n.op == "const":
+        if n.op == Op.CONST:
             attrs = {"value": float(attrs["value"]).hex()}
         for k, v in attrs.items():
             if isinstance(v, float):

@@ -13,6 +13,7 @@ contraction is over a class, and the abstract expressions the pruning oracle com
 
 from __future__ import annotations
 
+from superopt.ops import REDUCE, Op
 from superopt.program import Program
 
 NO_CLASS = -1
@@ -41,7 +42,7 @@ def dim_classes(program: Program) -> dict[tuple[str, int], int]:
         rank = len(n.shape)
         for d in range(rank):
             uf.find((n.id, d))
-        if n.op == "matmul":
+        if n.op == Op.MATMUL:
             a, b = ins
             uf.union((a.id, rank - 1), (b.id, rank - 2))
             uf.union((n.id, rank - 2), (a.id, rank - 2))
@@ -49,17 +50,17 @@ def dim_classes(program: Program) -> dict[tuple[str, int], int]:
             for d in range(rank - 2):
                 uf.union((a.id, d), (b.id, d))
                 uf.union((n.id, d), (a.id, d))
-        elif n.op == "transpose":
+        elif n.op == Op.TRANSPOSE:
             for d, p in enumerate(n.attrs["perm"]):
                 uf.union((n.id, d), (ins[0].id, p))
-        elif n.op in ("sum", "mean", "max"):
+        elif n.op in REDUCE:
             src = ins[0]
             dim = n.attrs["dim"] % len(src.shape)
             kept = [d for d in range(len(src.shape)) if d != dim or n.attrs["keepdim"]]
             for out_d, in_d in enumerate(kept):
                 if in_d != dim:
                     uf.union((n.id, out_d), (src.id, in_d))
-        elif n.op != "reshape":
+        elif n.op != Op.RESHAPE:
             for a in ins:
                 for i in range(1, len(a.shape) + 1):
                     if a.shape[-i] == n.shape[-i] and a.shape[-i] != 1:

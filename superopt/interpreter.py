@@ -18,7 +18,7 @@ from typing import Any
 from superopt.dtypes import dtype as get_dtype
 from superopt.instantiate import Instance
 from superopt.primitives import ArrayAlgebra, apply
-from superopt.sgraph import GraphKernel, LibraryKernel
+from superopt.sgraph import AccKind, GraphKernel, LibraryKernel
 
 
 def run(inst: Instance, inputs: Mapping[str, Any], alg: ArrayAlgebra[Any]) -> list[Any]:
@@ -70,16 +70,16 @@ def run_block(inst: Instance, k: GraphKernel, tensors: Mapping[str, Any], alg: A
         for acc in b.accumulators:
             lead[acc.id] = lead[acc.source]
             v = alg.round(vals[acc.source], f32)
-            if acc.kind == "concat":
+            if acc.kind == AccKind.CONCAT:
                 partial.setdefault(acc.id, []).append(v)
             else:
                 partial[acc.id] = v if it == 0 else alg.round(alg.add(partial[acc.id], v), f32)
     vals = {}
     for acc in b.accumulators:
-        if acc.kind == "concat":
+        if acc.kind == AccKind.CONCAT:
             assert acc.dim is not None
             vals[acc.id] = alg.concat(partial[acc.id], _shifted(acc.dim, grid))
-        elif acc.kind == "mean":
+        elif acc.kind == AccKind.MEAN:
             vals[acc.id] = alg.round(alg.div(partial[acc.id], alg.const(float(loop))), f32)
         else:
             vals[acc.id] = partial[acc.id]

@@ -6,7 +6,8 @@ with an exception of its own."""
 from __future__ import annotations
 
 import json
-from typing import Any
+from abc import ABC, abstractmethod
+from typing import Any, ClassVar, Self
 
 
 class JSONTextError(ValueError):
@@ -33,3 +34,28 @@ def parse_json(text: str | bytes) -> Any:
         return json.loads(text.decode("utf-8-sig") if isinstance(text, bytes) else text)
     except (ValueError, RecursionError) as e:
         raise JSONTextError(json_problem(e)) from None
+
+
+class JSONDocument(ABC):
+    """A type users hand over as JSON text (programs, sGraphs): its text read and written in one
+    way, a parse failure raised as the type's own error so its layer reports it like any other."""
+
+    text_error: ClassVar[type[ValueError]]
+
+    @abstractmethod
+    def to_json(self) -> dict[str, Any]: ...
+
+    @classmethod
+    @abstractmethod
+    def from_json(cls, data: Any) -> Self: ...
+
+    def dumps(self) -> str:
+        return json.dumps(self.to_json(), indent=1)
+
+    @classmethod
+    def loads(cls, text: str) -> Self:
+        try:
+            data = parse_json(text)
+        except JSONTextError as e:
+            raise cls.text_error(str(e)) from None
+        return cls.from_json(data)

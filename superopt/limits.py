@@ -7,8 +7,9 @@ database backends only ever see programs within them; a job request's budgets ar
 `superopt.jobspec` and `superopt.api.optimize`. Every refusal names the node or field and the limit.
 
 Names (program names and node ids) are data, never code: the grammar keeps them to characters that
-can break out of neither a comment nor a terminal line, and code generation never uses them as
-identifiers anyway (it makes its own). The size limits are configurable through the environment,
+can break out of neither a comment nor a terminal line, and code generation builds identifiers
+from them only through `superopt.codegen.names` (letters and digits kept, the rest replaced, a
+prefix no keyword or built-in has). The size limits are configurable through the environment,
 for machines larger or smaller than the defaults assume.
 """
 

@@ -12,8 +12,10 @@ from collections.abc import Iterator, Sequence
 from dataclasses import replace
 
 from superopt import ops
+from superopt.ops import Op
 from superopt.program import Program
 from superopt.sgraph import (
+    AccKind,
     BlockGraph,
     BlockInput,
     BlockOp,
@@ -25,10 +27,9 @@ from superopt.sgraph import (
     check_matches,
 )
 
-_BINARY = ("add", "sub", "mul", "div")
-_UNARY = ("exp", "neg", "sqrt", "square", "silu", "sigmoid", "relu")
-_SWAP_REDUCE = {"sum": "mean", "mean": "sum", "max": "sum"}
-_INSERTED = ("neg", "square", "exp", "sqrt")
+_UNARY = (Op.EXP, Op.NEG, Op.SQRT, Op.SQUARE, Op.SILU, Op.SIGMOID, Op.RELU)  # in the order mutants are named
+_SWAP_REDUCE: dict[str, Op] = {Op.SUM: Op.MEAN, Op.MEAN: Op.SUM, Op.MAX: Op.SUM}
+_INSERTED = (Op.NEG, Op.SQUARE, Op.EXP, Op.SQRT)
 
 
 def mutants(sg: SGraph, program: Program) -> list[tuple[str, SGraph]]:
@@ -70,8 +71,8 @@ def _library_variants(k: LibraryKernel) -> Iterator[tuple[str, LibraryKernel]]:
         yield "operands swapped", replace(k, inputs=(k.inputs[1], k.inputs[0]))
 
 
-def _alternatives(op: str) -> list[str]:
-    for group in (_BINARY, _UNARY):
+def _alternatives(op: str) -> list[Op]:
+    for group in (ops.BINARY, _UNARY):
         if op in group:
             return [o for o in group if o != op][:3]
     return [_SWAP_REDUCE[op]] if op in _SWAP_REDUCE else []
@@ -97,9 +98,9 @@ def _block_variants(sg: SGraph, k: GraphKernel) -> Iterator[tuple[str, BlockGrap
             if f2 != inp.fmap:
                 yield f"input {inp.id} fmap {inp.fmap} -> {f2}", with_input(fmap=f2)
     for n, acc in enumerate(b.accumulators):
-        kinds: list[tuple[str, int | None]] = [(kind, None) for kind in ("sum", "mean") if kind != acc.kind]
-        if acc.kind != "concat":
-            kinds += [("concat", d) for d in range(len(sg.info.blocks[k.id].shapes[acc.source]))]
+        kinds: list[tuple[str, int | None]] = [(kind, None) for kind in (AccKind.SUM, AccKind.MEAN) if kind != acc.kind]
+        if acc.kind != AccKind.CONCAT:
+            kinds += [(AccKind.CONCAT, d) for d in range(len(sg.info.blocks[k.id].shapes[acc.source]))]
         for kind, dim in kinds:
             accs = list(b.accumulators)
             accs[n] = replace(acc, kind=kind, dim=dim)
@@ -119,7 +120,7 @@ def _block_variants(sg: SGraph, k: GraphKernel) -> Iterator[tuple[str, BlockGrap
             for what, new in _op_variants(op):
                 changed = list(ops_)
                 changed[n] = new
-                yield f"{phase} op {op.id}: {what}", _with_ops(b, phase, changed)
+                yield f"{phase} op {op.id}: {what}", with_ops(b, phase, changed)
             if op.inputs:
                 yield f"{phase} op {op.id} ({op.op}) dropped", _drop(b, phase, n)
             for extra in _INSERTED:
@@ -130,7 +131,7 @@ def _block_variants(sg: SGraph, k: GraphKernel) -> Iterator[tuple[str, BlockGrap
                     ins = list(op.inputs)
                     ins[j] = other
                     changed[n] = replace(op, inputs=tuple(ins))
-                    yield f"{phase} op {op.id} reads {other} instead of {src}", _with_ops(b, phase, changed)
+                    yield f"{phase} op {op.id} reads {other} instead of {src}", with_ops(b, phase, changed)
     for n, acc in enumerate(b.accumulators):
         for other in _same_shape(sg, k, acc.source, "body"):
             accs = list(b.accumulators)
@@ -144,7 +145,7 @@ def _block_variants(sg: SGraph, k: GraphKernel) -> Iterator[tuple[str, BlockGrap
     for inp in b.inputs:
         for extra in _INSERTED:
             new = BlockOp(f"{inp.id}_m", extra, (inp.id,))
-            fixed = _rename_readers(b, inp.id, new.id)
+            fixed = rename_readers(b, inp.id, new.id)
             yield f"{extra} inserted after input {inp.id}", replace(fixed, body=(new, *fixed.body))
     for n, inp in enumerate(b.inputs):
         for t, shape in sg.info.shapes.items():
@@ -161,18 +162,20 @@ def _same_shape(sg: SGraph, k: GraphKernel, tid: str, phase: str) -> list[str]:
     return [t for t in info.shapes if t != tid and info.phase[t] in visible and info.shapes[t] == info.shapes[tid]]
 
 
-def _insert_after(b: BlockGraph, phase: str, n: int, op: str) -> BlockGraph:
+def _insert_after(b: BlockGraph, phase: str, n: int, op: Op) -> BlockGraph:
     """Insert `op` applied to op n's result; every reader of op n reads the new op instead."""
     ops_ = list(getattr(b, phase))
     target = ops_[n].id
     new = BlockOp(f"{target}_m", op, (target,))
-    fixed = _rename_readers(b, target, new.id)
+    fixed = rename_readers(b, target, new.id)
     ops2 = list(getattr(fixed, phase))
     ops2.insert(n + 1, new)
-    return _with_ops(fixed, phase, ops2)
+    return with_ops(fixed, phase, ops2)
 
 
-def _rename_readers(b: BlockGraph, old: str, new: str) -> BlockGraph:
+def rename_readers(b: BlockGraph, old: str, new: str) -> BlockGraph:
+    """Every reader of block tensor `old` (ops, accumulators, outputs) reads `new` instead."""
+
     def fix(ids: tuple[str, ...]) -> tuple[str, ...]:
         return tuple(new if i == old else i for i in ids)
 
@@ -188,21 +191,21 @@ def _rename_readers(b: BlockGraph, old: str, new: str) -> BlockGraph:
 def _op_variants(op: BlockOp) -> Iterator[tuple[str, BlockOp]]:
     for other in _alternatives(op.op):
         yield f"{op.op} -> {other}", replace(op, op=other)
-    if len(op.inputs) == 2 and op.op != "add" and op.op != "mul":
+    if len(op.inputs) == 2 and op.op not in (Op.ADD, Op.MUL):
         yield "operands swapped", replace(op, inputs=(op.inputs[1], op.inputs[0]))
     if op.op in ops.REDUCE:
         yield "reduction dim changed", replace(op, attrs={**op.attrs, "dim": op.attrs["dim"] - 1})
-    if op.op == "const":
+    if op.op == Op.CONST:
         yield "constant changed", replace(op, attrs={"value": op.attrs["value"] * 2 + 1})
 
 
 def _drop(b: BlockGraph, phase: str, n: int) -> BlockGraph:
     """Remove op n; its readers read its first operand instead."""
     gone = getattr(b, phase)[n]
-    fixed = _rename_readers(b, gone.id, gone.inputs[0])
-    return _with_ops(fixed, phase, [o for o in getattr(fixed, phase) if o.id != gone.id])
+    fixed = rename_readers(b, gone.id, gone.inputs[0])
+    return with_ops(fixed, phase, [o for o in getattr(fixed, phase) if o.id != gone.id])
 
 
-def _with_ops(b: BlockGraph, phase: str, ops: Sequence[BlockOp]) -> BlockGraph:
+def with_ops(b: BlockGraph, phase: str, ops: Sequence[BlockOp]) -> BlockGraph:
     """`b` with its loop-body ("body") or post-loop ("post") ops replaced."""
     return replace(b, body=tuple(ops)) if phase == "body" else replace(b, post=tuple(ops))

@@ -11,15 +11,53 @@ import math
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Any
 
 from superopt.sizes import Size, product
 
 Shape = tuple[Size, ...]
 
-UNARY = ("neg", "exp", "sqrt", "rsqrt", "square", "silu", "gelu", "relu", "sigmoid")
-BINARY = ("add", "sub", "mul", "div")
-REDUCE = ("sum", "mean", "max")
+
+
+class Op(StrEnum):
+    """Every tensor operation's name. Members equal the strings programs spell in JSON, so a
+    program, an sGraph or a database row reads and writes the same text; code compares against
+    members so a misspelt op is an attribute error, not a silent mismatch."""
+
+    # repr as the string too: messages, digests of reprs (search keys over kernels and terms) and
+    # texts that held the plain name read the same with a member in its place.
+    __repr__ = str.__repr__
+
+    CONST = "const"
+    MATMUL = "matmul"
+    ADD = "add"
+    SUB = "sub"
+    MUL = "mul"
+    DIV = "div"
+    NEG = "neg"
+    EXP = "exp"
+    SQRT = "sqrt"
+    RSQRT = "rsqrt"
+    SQUARE = "square"
+    SILU = "silu"
+    GELU = "gelu"
+    RELU = "relu"
+    SIGMOID = "sigmoid"
+    SUM = "sum"
+    MEAN = "mean"
+    MAX = "max"
+    RMS_NORM = "rms_norm"
+    SOFTMAX = "softmax"
+    TRANSPOSE = "transpose"
+    RESHAPE = "reshape"
+
+
+UNARY = (Op.NEG, Op.EXP, Op.SQRT, Op.RSQRT, Op.SQUARE, Op.SILU, Op.GELU, Op.RELU, Op.SIGMOID)
+BINARY = (Op.ADD, Op.SUB, Op.MUL, Op.DIV)
+REDUCE = (Op.SUM, Op.MEAN, Op.MAX)
+NORMALIZE = (Op.RMS_NORM, Op.SOFTMAX)  # a reduction and an elementwise map over one dim, fused
+LAYOUT = (Op.TRANSPOSE, Op.RESHAPE)  # move elements, compute nothing
 ELEMENTWISE = frozenset(UNARY + BINARY)
 ONE = Size.const(1)
 
@@ -37,7 +75,7 @@ class Attr:
 
 @dataclass(frozen=True)
 class OpSpec:
-    name: str
+    name: Op
     arity: int
     attrs: Mapping[str, Attr]
     infer: Callable[[Sequence[Shape], Mapping[str, Any]], Shape]
@@ -126,18 +164,19 @@ def _const(shapes: Sequence[Shape], attrs: Mapping[str, Any]) -> Shape:
 _REDUCE_ATTRS = {"dim": Attr("int", required=True), "keepdim": Attr("bool", False)}
 
 OPS: dict[str, OpSpec] = {
-    "const": OpSpec("const", 0, {"value": Attr("float", required=True)}, _const, True),
-    "matmul": OpSpec("matmul", 2, {}, _matmul, True),
+    Op.CONST: OpSpec(Op.CONST, 0, {"value": Attr("float", required=True)}, _const, True),
+    Op.MATMUL: OpSpec(Op.MATMUL, 2, {}, _matmul, True),
     **{n: OpSpec(n, 2, {}, _binary, True) for n in BINARY},
     **{n: OpSpec(n, 1, {}, _same, True) for n in UNARY},
     **{n: OpSpec(n, 1, _REDUCE_ATTRS, _reduce, True) for n in REDUCE},
-    "rms_norm": OpSpec(
-        "rms_norm", 1, {"dim": Attr("int", -1), "eps": Attr("float", 1e-6)}, _normalize_over_dim, True
+    Op.RMS_NORM: OpSpec(
+        Op.RMS_NORM, 1, {"dim": Attr("int", -1), "eps": Attr("float", 1e-6)}, _normalize_over_dim, True
     ),
-    "softmax": OpSpec("softmax", 1, {"dim": Attr("int", -1)}, _normalize_over_dim, True),
-    "transpose": OpSpec("transpose", 1, {"perm": Attr("perm", required=True)}, _transpose, False),
-    "reshape": OpSpec("reshape", 1, {"shape": Attr("shape", required=True)}, _reshape, False),
+    Op.SOFTMAX: OpSpec(Op.SOFTMAX, 1, {"dim": Attr("int", -1)}, _normalize_over_dim, True),
+    Op.TRANSPOSE: OpSpec(Op.TRANSPOSE, 1, {"perm": Attr("perm", required=True)}, _transpose, False),
+    Op.RESHAPE: OpSpec(Op.RESHAPE, 1, {"shape": Attr("shape", required=True)}, _reshape, False),
 }
+assert set(OPS) == set(Op), "every Op has a spec"
 
 
 def spec(op: str) -> OpSpec:
@@ -161,7 +200,7 @@ def check_attrs(op: str, attrs: Mapping[str, Any]) -> dict[str, Any]:
             out[name] = a.default
             continue
         out[name] = _check_attr(op, name, a.kind, attrs[name])
-    if op == "rms_norm" and not out["eps"] > 0:
+    if op == Op.RMS_NORM and not out["eps"] > 0:
         raise OpError(f"attribute 'eps' of rms_norm must be > 0, got {out['eps']}")
     return out
 

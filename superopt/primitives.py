@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Generic, TypeVar
+
+from superopt.ops import Op
 
 V = TypeVar("V")
 
@@ -76,48 +78,56 @@ class Algebra(ABC, Generic[V]):
 def apply(alg: Algebra[V], op: str, args: Sequence[V], attrs: Mapping[str, Any], shapes: Sequence[Any]) -> V:
     """Apply `op` to `args` in `alg`. `shapes` are the operands' shapes (only mean's default
     definition needs them, for the extent it divides by)."""
-    if op == "const":
-        return alg.const(attrs["value"])
-    if op in _PRIMITIVE_BINARY:
-        return getattr(alg, op)(args[0], args[1])
-    if not args:
+    define = DEFINITIONS.get(op)
+    if define is None:
+        raise ValueError(f"no definition for op {op!r}")
+    if not args and op != Op.CONST:
         raise ValueError(f"op {op!r} needs an operand")
-    x = args[0]
-    if op in ("neg", "exp", "sqrt", "relu"):
-        return getattr(alg, op)(x)
-    if op == "square":
-        return square(alg, x)
-    if op == "rsqrt":
-        return alg.div(alg.const(1.0), alg.sqrt(x))
-    if op == "sigmoid":
-        return sigmoid(alg, x)
-    if op == "silu":
-        return alg.mul(x, sigmoid(alg, x))
-    if op == "gelu":
-        inner = alg.add(x, alg.mul(alg.const(GELU_C), alg.mul(x, square(alg, x))))
-        return alg.mul(x, sigmoid(alg, alg.mul(alg.const(GELU_K), inner)))
-    if op == "sum" or op == "max":
-        return getattr(alg, op)(x, attrs["dim"], attrs["keepdim"])
-    if op == "mean":
-        return alg.mean(x, attrs["dim"], attrs["keepdim"], _extent(shapes, attrs["dim"]))
-    if op == "rms_norm":
-        d = attrs["dim"]
-        ms = alg.mean(square(alg, x), d, True, _extent(shapes, d))
-        return alg.div(x, alg.sqrt(alg.add(ms, alg.const(attrs["eps"]))))
-    if op == "softmax":
-        d = attrs["dim"]
-        e = alg.exp(alg.sub(x, alg.max(x, d, True)))
-        return alg.div(e, alg.sum(e, d, True))
-    if op == "matmul":
-        return alg.matmul(args[0], args[1])
-    if op == "transpose":
-        return alg.transpose(x, attrs["perm"])
-    if op == "reshape":
-        return alg.reshape(x, attrs["shape"])
-    raise ValueError(f"no definition for op {op!r}")
+    return define(alg, args, attrs, shapes)
 
 
-_PRIMITIVE_BINARY = ("add", "sub", "mul", "div")
+def _gelu(alg: Algebra[V], x: V) -> V:
+    inner = alg.add(x, alg.mul(alg.const(GELU_C), alg.mul(x, square(alg, x))))
+    return alg.mul(x, sigmoid(alg, alg.mul(alg.const(GELU_K), inner)))
+
+
+def _rms_norm(alg: Algebra[V], x: V, attrs: Mapping[str, Any], shapes: Sequence[Any]) -> V:
+    d = attrs["dim"]
+    ms = alg.mean(square(alg, x), d, True, _extent(shapes, d))
+    return alg.div(x, alg.sqrt(alg.add(ms, alg.const(attrs["eps"]))))
+
+
+def _softmax(alg: Algebra[V], x: V, d: int) -> V:
+    e = alg.exp(alg.sub(x, alg.max(x, d, True)))
+    return alg.div(e, alg.sum(e, d, True))
+
+
+# Every op in terms of the algebra's primitives: (alg, args, attrs, shapes) -> value. Keyed by Op.
+DEFINITIONS: dict[str, Callable[[Algebra[Any], Sequence[Any], Mapping[str, Any], Sequence[Any]], Any]] = {
+    Op.CONST: lambda alg, a, at, sh: alg.const(at["value"]),
+    Op.ADD: lambda alg, a, at, sh: alg.add(a[0], a[1]),
+    Op.SUB: lambda alg, a, at, sh: alg.sub(a[0], a[1]),
+    Op.MUL: lambda alg, a, at, sh: alg.mul(a[0], a[1]),
+    Op.DIV: lambda alg, a, at, sh: alg.div(a[0], a[1]),
+    Op.NEG: lambda alg, a, at, sh: alg.neg(a[0]),
+    Op.EXP: lambda alg, a, at, sh: alg.exp(a[0]),
+    Op.SQRT: lambda alg, a, at, sh: alg.sqrt(a[0]),
+    Op.RELU: lambda alg, a, at, sh: alg.relu(a[0]),
+    Op.SQUARE: lambda alg, a, at, sh: square(alg, a[0]),
+    Op.RSQRT: lambda alg, a, at, sh: alg.div(alg.const(1.0), alg.sqrt(a[0])),
+    Op.SIGMOID: lambda alg, a, at, sh: sigmoid(alg, a[0]),
+    Op.SILU: lambda alg, a, at, sh: alg.mul(a[0], sigmoid(alg, a[0])),
+    Op.GELU: lambda alg, a, at, sh: _gelu(alg, a[0]),
+    Op.SUM: lambda alg, a, at, sh: alg.sum(a[0], at["dim"], at["keepdim"]),
+    Op.MAX: lambda alg, a, at, sh: alg.max(a[0], at["dim"], at["keepdim"]),
+    Op.MEAN: lambda alg, a, at, sh: alg.mean(a[0], at["dim"], at["keepdim"], _extent(sh, at["dim"])),
+    Op.RMS_NORM: lambda alg, a, at, sh: _rms_norm(alg, a[0], at, sh),
+    Op.SOFTMAX: lambda alg, a, at, sh: _softmax(alg, a[0], at["dim"]),
+    Op.MATMUL: lambda alg, a, at, sh: alg.matmul(a[0], a[1]),
+    Op.TRANSPOSE: lambda alg, a, at, sh: alg.transpose(a[0], at["perm"]),
+    Op.RESHAPE: lambda alg, a, at, sh: alg.reshape(a[0], at["shape"]),
+}
+assert set(DEFINITIONS) == set(Op), "every Op has a definition"
 
 
 def _extent(shapes: Sequence[Any], dim: int) -> Any:

@@ -14,16 +14,15 @@ round-trip losslessly; `canonical_hash` is the identity used by the kernel cache
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from superopt import ops
 from superopt.dtypes import DTYPES
 from superopt.dtypes import dtype as get_dtype
-from superopt.jsontext import JSONTextError, parse_json
+from superopt.jsontext import JSONDocument
 from superopt.limits import (
     MAX_NODES,
     MAX_RANK,
@@ -34,7 +33,7 @@ from superopt.limits import (
     name_problem,
     shown,
 )
-from superopt.ops import OpError
+from superopt.ops import Op, OpError
 from superopt.sizes import Size
 
 SCHEMA = "superopt.program/1"
@@ -47,7 +46,7 @@ class ProgramError(ValueError):
 @dataclass(frozen=True)
 class Node:
     id: str
-    op: str
+    op: Op | Literal["input"]
     inputs: tuple[str, ...]
     attrs: Mapping[str, Any]
     shape: tuple[int, ...]
@@ -59,7 +58,8 @@ class Node:
 
 
 @dataclass
-class Program:
+class Program(JSONDocument):
+    text_error = ProgramError
     name: str = "program"
     nodes: dict[str, Node] = field(default_factory=dict)
     outputs: list[str] = field(default_factory=list)
@@ -70,47 +70,47 @@ class Program:
         return self._add(name, "input", (), {"shape": shape, "dtype": dtype})
 
     def const(self, value: float) -> Tensor:
-        return self._add(None, "const", (), {"value": value})
+        return self._add(None, Op.CONST, (), {"value": value})
 
     def op(self, op: str, *args: Tensor | float, name: str | None = None, **attrs: Any) -> Tensor:
         ids = tuple(self._operand(a) for a in args)
         return self._add(name, op, ids, attrs)
 
     def matmul(self, a: Tensor, b: Tensor) -> Tensor:
-        return self.op("matmul", a, b)
+        return self.op(Op.MATMUL, a, b)
 
     def add(self, a: Tensor | float, b: Tensor | float) -> Tensor:
-        return self.op("add", a, b)
+        return self.op(Op.ADD, a, b)
 
     def sub(self, a: Tensor | float, b: Tensor | float) -> Tensor:
-        return self.op("sub", a, b)
+        return self.op(Op.SUB, a, b)
 
     def mul(self, a: Tensor | float, b: Tensor | float) -> Tensor:
-        return self.op("mul", a, b)
+        return self.op(Op.MUL, a, b)
 
     def div(self, a: Tensor | float, b: Tensor | float) -> Tensor:
-        return self.op("div", a, b)
+        return self.op(Op.DIV, a, b)
 
     def sum(self, x: Tensor, dim: int, keepdim: bool = False) -> Tensor:
-        return self.op("sum", x, dim=dim, keepdim=keepdim)
+        return self.op(Op.SUM, x, dim=dim, keepdim=keepdim)
 
     def mean(self, x: Tensor, dim: int, keepdim: bool = False) -> Tensor:
-        return self.op("mean", x, dim=dim, keepdim=keepdim)
+        return self.op(Op.MEAN, x, dim=dim, keepdim=keepdim)
 
     def max(self, x: Tensor, dim: int, keepdim: bool = False) -> Tensor:
-        return self.op("max", x, dim=dim, keepdim=keepdim)
+        return self.op(Op.MAX, x, dim=dim, keepdim=keepdim)
 
     def rms_norm(self, x: Tensor, dim: int = -1, eps: float = 1e-6) -> Tensor:
-        return self.op("rms_norm", x, dim=dim, eps=eps)
+        return self.op(Op.RMS_NORM, x, dim=dim, eps=eps)
 
     def softmax(self, x: Tensor, dim: int = -1) -> Tensor:
-        return self.op("softmax", x, dim=dim)
+        return self.op(Op.SOFTMAX, x, dim=dim)
 
     def transpose(self, x: Tensor, perm: Sequence[int]) -> Tensor:
-        return self.op("transpose", x, perm=list(perm))
+        return self.op(Op.TRANSPOSE, x, perm=list(perm))
 
     def reshape(self, x: Tensor, shape: Sequence[int]) -> Tensor:
-        return self.op("reshape", x, shape=list(shape))
+        return self.op(Op.RESHAPE, x, shape=list(shape))
 
     def output(self, *tensors: Tensor) -> None:
         for t in tensors:
@@ -172,7 +172,7 @@ class Program:
         for o in self.outputs:
             if o not in self.nodes:
                 raise ProgramError(f"output {o!r} is not a node of the program")
-            if self.nodes[o].op in ("input", "const"):
+            if self.nodes[o].op in ("input", Op.CONST):
                 raise ProgramError(f"output {o!r} is an {self.nodes[o].op}, not a computed tensor")
         if len(set(self.outputs)) != len(self.outputs):
             raise ProgramError("the same node is listed twice as an output")
@@ -226,19 +226,8 @@ class Program:
             nodes.append(entry)
         return {"schema": SCHEMA, "name": self.name, "nodes": nodes, "outputs": list(self.outputs)}
 
-    def dumps(self) -> str:
-        return json.dumps(self.to_json(), indent=1)
-
-    @staticmethod
-    def from_json(data: Any) -> Program:
-        return _load(data)
-
-    @staticmethod
-    def loads(text: str) -> Program:
-        try:
-            data = parse_json(text)
-        except JSONTextError as e:
-            raise ProgramError(str(e)) from None
+    @classmethod
+    def from_json(cls, data: Any) -> Program:
         return _load(data)
 
     def canonical_hash(self) -> str:
@@ -298,7 +287,7 @@ class Tensor:
         return self.program.div(o, self)
 
     def __neg__(self) -> Tensor:
-        return self.program.op("neg", self)
+        return self.program.op(Op.NEG, self)
 
 
 def _named(name: object, what: str) -> str:
@@ -341,7 +330,8 @@ def _make_node(nid: Any, op: Any, inputs: tuple[str, ...], attrs: dict[str, Any]
         extra = set(attrs) - {"shape", "dtype"}
         if extra:
             raise ProgramError(f"{where}: unexpected field {sorted(extra)[0]!r}")
-        return _sized(Node(nid, op, (), {}, tuple(shape), dt), where)
+        return _sized(Node(nid, "input", (), {}, tuple(shape), dt), where)
+    op = Op(op)  # a valid name from here on: compare against members
     spec = ops.OPS[op]
     if len(inputs) != spec.arity:
         raise ProgramError(f"{where}: takes {spec.arity} operand(s), got {len(inputs)}")
@@ -354,13 +344,13 @@ def _make_node(nid: Any, op: Any, inputs: tuple[str, ...], attrs: dict[str, Any]
         shape_s = ops.infer_shape(op, [a.size_shape for a in args], full)
     except OpError as e:
         raise ProgramError(f"{where}: {e}") from None
-    if op == "const" and not math.isfinite(full["value"]):
+    if op == Op.CONST and not math.isfinite(full["value"]):
         raise ProgramError(f"{where}: value must be finite")
     dtypes = {a.dtype for a in args if a.dtype is not None}
     if len(dtypes) > 1:
         raise ProgramError(f"{where}: operands have different dtypes {sorted(dtypes)}")
     dt = dtypes.pop() if dtypes else None
-    if op != "const" and dt is None:
+    if op != Op.CONST and dt is None:
         raise ProgramError(f"{where}: needs at least one tensor operand (all operands are constants)")
     return _sized(Node(nid, op, inputs, full, tuple(int(s.int_value()) for s in shape_s), dt), where)
 

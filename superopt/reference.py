@@ -13,6 +13,7 @@ from itertools import islice, product
 import numpy as np
 
 from superopt.dtypes import DType, dtype
+from superopt.ops import Op
 from superopt.primitives import ArrayAlgebra, apply
 from superopt.program import Node, Program
 
@@ -139,13 +140,13 @@ def random_inputs(program: Program, seed: int) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(seed)
     scale = {n.id: 1.0 for n in program.inputs}
     for n in program.nodes.values():
-        if n.op != "matmul":
+        if n.op != Op.MATMUL:
             continue
         right = program.nodes[n.inputs[1]]
         leaf = right
         # A layout of an input scales that input; a product, its left operand (its right one is
         # scaled for its own contraction): K = X @ Wk read as transpose(K) scales X.
-        while leaf.op in ("transpose", "reshape", "matmul"):
+        while leaf.op in (Op.TRANSPOSE, Op.RESHAPE, Op.MATMUL):
             leaf = program.nodes[leaf.inputs[0]]
         if leaf.op == "input":
             scale[leaf.id] = min(scale[leaf.id], 1.0 / np.sqrt(right.shape[-2]))

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from superopt.ops import fmt_shape
+from superopt.ops import Op, fmt_shape
 from superopt.program import Program
 from superopt.sgraph import BlockGraph, BlockOp, GraphKernel, LibraryKernel, SGraph
 
@@ -20,7 +20,7 @@ def render_program(p: Program) -> str:
     for n in p.topological():
         if n.op == "input":
             lines.append(f"  {n.id} = input {fmt_shape(n.shape)} {n.dtype}")
-        elif n.op == "const":
+        elif n.op == Op.CONST:
             lines.append(f"  {n.id} = const {n.attrs['value']!r}")
         else:
             lines.append(f"  {n.id} = {n.op}{_call(n.inputs, n.attrs)}  {fmt_shape(n.shape)} {n.dtype}")

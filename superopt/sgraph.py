@@ -22,9 +22,9 @@ assigns the symbols.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from enum import StrEnum
 from functools import cached_property
 from typing import Any, Literal, TypeGuard
 
@@ -32,9 +32,9 @@ from pydantic import ValidationError
 
 from superopt import ops
 from superopt.dtypes import dtype as get_dtype
-from superopt.jsontext import JSONTextError, parse_json
+from superopt.jsontext import JSONDocument
 from superopt.object_cache import ObjectCache
-from superopt.ops import OpError, Shape
+from superopt.ops import Op, OpError, Shape
 from superopt.program import Program
 from superopt.sgraph_schema import (
     AxisJSON,
@@ -47,7 +47,19 @@ from superopt.sgraph_schema import (
 from superopt.sizes import Size, SizeError, product, total
 
 SCHEMA = "superopt.sgraph/1"
-ACCUMULATORS = ("sum", "mean", "concat")
+
+
+class AccKind(StrEnum):
+    """How an accumulator combines the loop's iterations (its JSON spelling, as `Op`)."""
+
+    SUM = "sum"
+    MEAN = "mean"  # the sum over the loop's extent
+    CONCAT = "concat"  # along `Accumulator.dim`
+
+    __repr__ = str.__repr__
+
+
+ACCUMULATORS = tuple(AccKind)
 
 
 class SGraphError(ValueError):
@@ -71,11 +83,12 @@ class BlockInput:
 @dataclass(frozen=True)
 class BlockOp:
     id: str
-    op: str
+    op: str  # an `Op` once known; an unknown name stays a string for `analyze` to report
     inputs: tuple[str, ...]
     attrs: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "op", _known(self.op))
         object.__setattr__(self, "attrs", _complete_attrs(self.op, self.attrs, f"block op {self.id!r}"))
 
 
@@ -83,8 +96,12 @@ class BlockOp:
 class Accumulator:
     id: str
     source: str
-    kind: str
+    kind: str  # an `AccKind` once known; an unknown name stays a string for `analyze` to report
     dim: int | None = None  # the concatenation dim, for "concat"
+
+    def __post_init__(self) -> None:
+        if self.kind in ACCUMULATORS:
+            object.__setattr__(self, "kind", AccKind(self.kind))
 
 
 @dataclass(frozen=True)
@@ -118,13 +135,14 @@ class LibraryKernel:
     """A pre-defined kernel: one program op on device tensors, run by a library."""
 
     id: str
-    op: str
+    op: str  # an `Op` once known, as `BlockOp.op`
     inputs: tuple[str, ...]
     attrs: Mapping[str, Any]
     output: str
     kind: Literal["library"] = "library"
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "op", _known(self.op))
         object.__setattr__(self, "attrs", _complete_attrs(self.op, self.attrs, f"kernel {self.id}"))
 
     @property
@@ -169,6 +187,10 @@ def stored_order(dims: Sequence[Any], perm: Sequence[int]) -> tuple[Any, ...]:
     return tuple(dims[list(perm).index(d)] for d in range(len(perm)))
 
 
+def _known(op: str) -> str:
+    return Op(op) if op in ops.OPS else op
+
+
 def _complete_attrs(op: str, attrs: Mapping[str, Any], where: str) -> Mapping[str, Any]:
     """Attributes with defaults filled in (unknown ops are left for `analyze` to report)."""
     if op not in ops.OPS:
@@ -192,7 +214,8 @@ def input_decls(program: Program) -> tuple[TensorDecl, ...]:
 
 
 @dataclass(frozen=True)
-class SGraph:
+class SGraph(JSONDocument):
+    text_error = SGraphError
     inputs: tuple[TensorDecl, ...]
     kernels: tuple[Kernel, ...]
     outputs: tuple[str, ...]
@@ -213,7 +236,7 @@ class SGraph:
         Whatever reads a view reads the stored tensor's memory with permuted strides."""
         views: dict[str, tuple[str, tuple[int, ...]]] = {}
         for k in self.kernels:
-            if isinstance(k, LibraryKernel) and k.op == "transpose":
+            if isinstance(k, LibraryKernel) and k.op == Op.TRANSPOSE:
                 stored, inner = views.get(k.inputs[0], (k.inputs[0], None))
                 perm = tuple(k.attrs["perm"])
                 views[k.output] = stored, perm if inner is None else tuple(inner[p] for p in perm)
@@ -233,7 +256,7 @@ class SGraph:
     def reshapes_view(self, k: Kernel) -> TypeGuard[LibraryKernel]:
         """Is `k` a library reshape of a transposed view: a copy, or nothing where the readers
         index the stored tensor themselves (`reshaped_views`)?"""
-        return isinstance(k, LibraryKernel) and k.op == "reshape" and k.inputs[0] in self.views
+        return isinstance(k, LibraryKernel) and k.op == Op.RESHAPE and k.inputs[0] in self.views
 
     @property
     def graph_kernels(self) -> list[GraphKernel]:
@@ -248,19 +271,8 @@ class SGraph:
     def to_json(self) -> dict[str, Any]:
         return _to_json(self)
 
-    def dumps(self) -> str:
-        return json.dumps(self.to_json(), indent=1)
-
-    @staticmethod
-    def from_json(data: Any) -> SGraph:
-        return _from_json(data)
-
-    @staticmethod
-    def loads(text: str) -> SGraph:
-        try:
-            data = parse_json(text)
-        except JSONTextError as e:
-            raise SGraphError(str(e)) from None
+    @classmethod
+    def from_json(cls, data: Any) -> SGraph:
         return _from_json(data)
 
 
@@ -450,8 +462,9 @@ def _block_analysis(
             )
         consumers[tid].append(by)
 
-    if not b.inputs:
-        raise SGraphError(f"{where}: a block graph needs at least one input")
+    for part, items in (("input", b.inputs), ("accumulator", b.accumulators), ("output", b.outputs)):
+        if not items:
+            raise SGraphError(f"{where}: a block graph needs at least one {part}")
     for inp in b.inputs:
         w = f"input {inp.id!r} ({inp.tensor})"
         full = shapes[inp.tensor]
@@ -488,15 +501,13 @@ def _block_analysis(
         define(inp.id, "input", tuple(in_tile))
     for op in b.body:
         _block_op(op, "body", ("input", "body"), tiles, define, use, where)
-    if not b.accumulators:
-        raise SGraphError(f"{where}: a block graph needs at least one accumulator")
     for acc in b.accumulators:
         w = f"accumulator {acc.id!r}"
         if acc.kind not in ACCUMULATORS:
             raise SGraphError(f"{where}: {w}: unknown kind {acc.kind!r} (expected {', '.join(ACCUMULATORS)})")
         use(acc.source, acc.id, ("input", "body"), w)
         src = tiles[acc.source]
-        if acc.kind == "concat":
+        if acc.kind == AccKind.CONCAT:
             if acc.dim is None or not 0 <= acc.dim < len(src):
                 raise SGraphError(f"{where}: {w}: concat needs a dim in range for rank {len(src)}, got {acc.dim}")
             shape = (*src[: acc.dim], src[acc.dim] * loop, *src[acc.dim + 1 :])
@@ -507,8 +518,6 @@ def _block_analysis(
         define(acc.id, "acc", shape)
     for op in b.post:
         _block_op(op, "post", ("acc", "post"), tiles, define, use, where)
-    if not b.outputs:
-        raise SGraphError(f"{where}: a block graph needs at least one output")
     for out in b.outputs:
         w = f"output {out.tensor!r}"
         use(out.source, f"->{out.tensor}", ("acc", "post"), w)
@@ -575,18 +584,18 @@ def _storage_plan(b: BlockGraph, info: BlockInfo, dt: str) -> dict[str, str | No
             plan[tid] = "f32"
             continue
         op = by_id[tid]
-        feeds_matmul = any(u in by_id and by_id[u].op == "matmul" for u in users)
-        if op.op in ops.ELEMENTWISE or op.op == "const":
+        feeds_matmul = any(u in by_id and by_id[u].op == Op.MATMUL for u in users)
+        if op.op in ops.ELEMENTWISE or op.op == Op.CONST:
             fused = all(
                 (u in by_id and by_id[u].op in ops.ELEMENTWISE and info.shapes[u] == info.shapes[tid])
-                or (u in accs and accs[u].kind != "concat")
+                or (u in accs and accs[u].kind != AccKind.CONCAT)
                 or u.startswith("->")
                 for u in users
             )
-            if op.op == "const" or fused:
+            if op.op == Op.CONST or fused:
                 plan[tid] = None
                 continue
-        if op.op == "matmul" and all(u in accs and accs[u].kind in ("sum", "mean") for u in users):
+        if op.op == Op.MATMUL and all(u in accs and accs[u].kind in (AccKind.SUM, AccKind.MEAN) for u in users):
             plan[tid] = None
             continue
         plan[tid] = dt if feeds_matmul else "f32"

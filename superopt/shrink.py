@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 from superopt.assignments import divisors
 from superopt.dimclasses import NO_CLASS, dim_classes
+from superopt.ops import Op
 from superopt.program import Program, ProgramError, Tensor
 from superopt.sgraph import LibraryKernel, SGraph, SGraphError, input_decls, rebind
 
@@ -45,7 +46,7 @@ def shrink(program: Program, cap: int = 32, multiples: Mapping[tuple[str, int], 
         if n.op == "input":
             out.input(n.id, shapes[n.id], n.dtype or "f32")
         else:
-            attrs = {**n.attrs, "shape": list(shapes[n.id])} if n.op == "reshape" else dict(n.attrs)
+            attrs = {**n.attrs, "shape": list(shapes[n.id])} if n.op == Op.RESHAPE else dict(n.attrs)
             out.op(n.op, *(Tensor(out, i) for i in n.inputs), name=n.id, **attrs)
     out.outputs = list(program.outputs)
     return _checkable(out.validate())
@@ -59,12 +60,12 @@ def shrink_sgraph(sg: SGraph, program: Program, small: Program) -> SGraph | None
     they are only at the real shapes)."""
     resized: dict[tuple[tuple[int, ...], tuple[int, ...]], set[tuple[int, ...]]] = {}
     for n in program.topological():
-        if n.op == "reshape":
+        if n.op == Op.RESHAPE:
             before = (program.nodes[n.inputs[0]].shape, n.shape)
             resized.setdefault(before, set()).add(small.nodes[n.id].shape)
     kernels = []
     for k in sg.kernels:
-        if isinstance(k, LibraryKernel) and k.op == "reshape":
+        if isinstance(k, LibraryKernel) and k.op == Op.RESHAPE:
             shape = sg.info.shapes[k.inputs[0]]
             new = resized.get((tuple(d.int_value() for d in shape), tuple(k.attrs["shape"])), set()) \
                 if all(d.is_const() for d in shape) else set()
@@ -222,7 +223,7 @@ def _reshape_ties(program: Program, classes: dict[tuple[str, int], int],
     same: dict[int, int] = {}
     products: list[tuple[int, tuple[int, ...]]] = []
     for n in program.topological():
-        if n.op != "reshape":
+        if n.op != Op.RESHAPE:
             continue
         src = program.nodes[n.inputs[0]]
         for before, after in _groups(src.shape, n.shape):

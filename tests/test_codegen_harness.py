@@ -150,9 +150,9 @@ def test_divergent_barrier_is_a_deadlock():
 
 def test_misaligned_vector_copy_is_reported():
     program, prog = _broken_program("gated_mlp", {"F": 1, "gx": 1})
-    assert "const __half* __restrict__ g_0,  // X" in prog.source
-    src = prog.source.replace("reinterpret_cast<const uint4*>(g_0 + base + v * 8)",
-                              "reinterpret_cast<const uint4*>(g_0 + base + v * 8 + 1)", 1)
+    assert "const __half* __restrict__ p_X,  // X" in prog.source
+    src = prog.source.replace("reinterpret_cast<const uint4*>(p_X + base + v * 8)",
+                              "reinterpret_cast<const uint4*>(p_X + base + v * 8 + 1)", 1)
     assert src != prog.source
     with pytest.raises(runner.HarnessError, match="misaligned"):
         runner.run(CudaProgram(src, prog.steps, prog.tensors, prog.inputs, prog.outputs), random_inputs(program, 0))

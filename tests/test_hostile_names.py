@@ -1,8 +1,9 @@
 """Names are data, never code. A name that could end a comment, splice a line or start a directive
 in generated CUDA is refused by the program grammar wherever a program comes in (builder, JSON, the
 CLI, HTTP, `optimize`); and names that reach code generation anyway (an sGraph from a file or a
-database row, which follow no grammar) stay inside comments, escaped. Checked on the preprocessed
-source: whatever the names, it is the one the generator writes for plain names, line for line."""
+database row, which follow no grammar) stay inside comments, escaped, but for their letters, digits
+and `_` in parameter names. Checked on the preprocessed source: whatever the names, it is the one
+the generator writes for plain names, line for line, parameters numbered by first use."""
 
 from __future__ import annotations
 
@@ -148,16 +149,17 @@ def preprocessor() -> list[str]:
 
 def preprocessed(source: str, workdir: Path) -> tuple[list[str], set[str]]:
     """What the compiler sees of `source`: its non-blank lines (comments gone, kernel names'
-    digests of the sGraph name made equal) and the files it reads."""
+    digests of the sGraph name made equal, parameters named by first use) and the files it reads."""
     assert source.isascii(), "generated source must be ASCII whatever the names"
     path, out = workdir / "kernel.cu", workdir / "kernel.i"
     path.write_text(source)
     subprocess.run([*preprocessor(), str(path), "-o", str(out)], check=True, capture_output=True, timeout=120)
-    lines, files = [], set()
+    lines, files, params = [], set(), {}
     for line in out.read_text(errors="replace").splitlines():
         if marker := re.match(r'#(?:line)? ?\d+ "([^"]*)"', line):
             files.add(marker.group(1))
         elif line.strip():
+            line = re.sub(r"\b[po]_\w+", lambda m: params.setdefault(m.group(), f"param_{len(params)}"), line)
             lines.append(re.sub(r"so_[0-9a-f]{8}_k", "so_KERNEL_k", line))
     return lines, files
 

@@ -6,12 +6,13 @@ import math
 
 from superopt import ops
 from superopt.codegen.layout import Slot, smem_slots
-from superopt.codegen.names import c_names
+from superopt.codegen.names import c_names, param_names
 from superopt.codegen.prelude import C_TYPE
 from superopt.codegen.program import CodegenError
 from superopt.codegen.values import TensorRef
 from superopt.dtypes import dtype as get_dtype
 from superopt.instantiate import Instance
+from superopt.ops import Op
 from superopt.sgraph import BlockOp, GraphKernel
 
 WMMA_TILE = 16
@@ -30,7 +31,7 @@ class KernelContext:
         tiles = list(self.info.shapes)
         self._smem = c_names(tiles, "t_")
         self._reg = c_names(tiles, "v_")
-        self.global_names = c_names([*k.tensor_inputs, *k.outputs], "g_")
+        self.global_names = param_names([*k.tensor_inputs, *k.outputs], k.outputs)
         self.axis_vars = {a.name: f"blk_{dim}" for a, dim in zip(k.block.grid, "xyz", strict=False)}
         self.loop_var = "it"
         stored = [(t, st, self.tile(t)) for t, st in self.info.storage.items() if st is not None]
@@ -67,8 +68,8 @@ class KernelContext:
         if self.storage(tid) is not None:
             return TensorRef(self.smem(tid), shape, True)
         op = self.ops[tid]
-        if op.op == "const":
-            return TensorRef(self._reg[tid], shape, False, "const", value=op.attrs["value"])
+        if op.op == Op.CONST:
+            return TensorRef(self._reg[tid], shape, False, Op.CONST, value=op.attrs["value"])
         if op.op not in ops.ELEMENTWISE:
             raise CodegenError(f"kernel {self.k.id}: {tid!r} ({op.op}) is neither stored nor elementwise")
         return TensorRef(self._reg[tid], shape, False, op.op, op.inputs)

@@ -12,7 +12,7 @@ from dataclasses import replace
 
 from superopt.codegen.context import KernelContext
 from superopt.codegen.kernel import kernel_source
-from superopt.codegen.names import c_names, comment_text, kernel_name
+from superopt.codegen.names import comment_text, kernel_name, param_names
 from superopt.codegen.prelude import C_TYPE, prelude
 from superopt.codegen.program import (
     THREADS_PER_BLOCK,
@@ -111,7 +111,7 @@ def _host_launchers(program: CudaProgram) -> str:
     out = ["#if defined(__CUDACC__) && !defined(__CUDACC_RTC__)",
            "// Host launchers: request the kernel's dynamic shared memory, then launch it on `stream`."]
     for ln in program.launches:
-        names = c_names(ln.args, "g_")
+        names = param_names(ln.args, ln.outputs)
         params = [f"{'' if t in ln.outputs else 'const '}{C_TYPE[program.tensors[t].dtype]}* {names[t]}"
                   for t in ln.args]
         out.append(f'extern "C" cudaError_t launch_{ln.name}({", ".join([*params, "cudaStream_t stream"])}) {{')

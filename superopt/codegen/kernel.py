@@ -28,7 +28,8 @@ from superopt.codegen.stages import (
     store,
     zero,
 )
-from superopt.sgraph import Accumulator, BlockOp
+from superopt.ops import Op
+from superopt.sgraph import AccKind, Accumulator, BlockOp
 
 BARRIER = "__syncthreads();"
 # Occupancy promised to ptxas: 2 blocks of 128 threads leave it up to 255 registers per thread,
@@ -64,16 +65,16 @@ class _Barriers:
 
 
 def _op_stage(ctx: KernelContext, op: BlockOp, accs: list[Accumulator]) -> Stage | None:
-    if ctx.storage(op.id) is None and op.op != "matmul":
+    if ctx.storage(op.id) is None and op.op != Op.MATMUL:
         return None  # recomputed in registers by its consumers (thread-level fusion)
-    if op.op == "matmul":
+    if op.op == Op.MATMUL:
         targets = [a for a in accs if a.source == op.id] if ctx.storage(op.id) is None else []
         return matmul(ctx, op, targets)
-    if op.op in ops.ELEMENTWISE or op.op == "const":
+    if op.op in ops.ELEMENTWISE or op.op == Op.CONST:
         return elementwise(ctx, op)
     if op.op in ops.REDUCE:
         return reduction(ctx, op)
-    if op.op in ("rms_norm", "softmax"):
+    if op.op in ops.NORMALIZE:
         return normalization(ctx, op)
     raise CodegenError(f"kernel {ctx.k.id}: no code generation for block op {op.op!r}")
 
@@ -82,14 +83,14 @@ def kernel_source(ctx: KernelContext) -> tuple[str, bool]:
     """The `__global__` function's source, and whether it uses tensor cores."""
     b = ctx.block
     accs = list(b.accumulators)
-    matmuls = {op.id: op for op in b.ops() if op.op == "matmul"}
+    matmuls = {op.id: op for op in b.ops() if op.op == Op.MATMUL}
     fed_by_matmul = {a.id for a in accs if a.source in matmuls and ctx.storage(a.source) is None}
-    pre = [zero(ctx, a) for a in accs if a.kind in ("sum", "mean")]
+    pre = [zero(ctx, a) for a in accs if a.kind in (AccKind.SUM, AccKind.MEAN)]
     pre += [load(ctx, i) for i in b.inputs if i.fmap is None]
     body = [load(ctx, i) for i in b.inputs if i.fmap is not None]
     body += [s for op in b.body if (s := _op_stage(ctx, op, accs)) is not None]
     body += [accumulate(ctx, a) for a in accs if a.id not in fed_by_matmul]  # the matmul adds into those
-    post = [finish_mean(ctx, a) for a in accs if a.kind == "mean"]
+    post = [finish_mean(ctx, a) for a in accs if a.kind == AccKind.MEAN]
     post += [s for op in b.post if (s := _op_stage(ctx, op, accs)) is not None]
     post += [store(ctx, o) for o in b.outputs]
     wmma = any(ctx.wmma(op) for op in matmuls.values())

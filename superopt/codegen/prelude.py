@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import re
 
+from superopt import ops
+from superopt.ops import Op
 from superopt.primitives import GELU_C, GELU_K
 
 C_TYPE = {"f16": "__half", "bf16": "__nv_bfloat16", "f32": "float"}
@@ -66,18 +68,19 @@ def helpers_used(code: str) -> list[str]:
                 todo.append(dep)
     return [h for h in _FLOAT_HELPERS if h in want]
 
-UNARY = {
-    "neg": "(-{0})",
-    "exp": "expf({0})",
-    "sqrt": "sqrtf({0})",
-    "rsqrt": "so_rsqrt({0})",
-    "square": "so_square({0})",
-    "sigmoid": "so_sigmoid({0})",
-    "silu": "so_silu({0})",
-    "gelu": "so_gelu({0})",
-    "relu": "so_relu({0})",
+UNARY: dict[str, str] = {  # keyed by Op, read by any name (as BINARY)
+    Op.NEG: "(-{0})",
+    Op.EXP: "expf({0})",
+    Op.SQRT: "sqrtf({0})",
+    Op.RSQRT: "so_rsqrt({0})",
+    Op.SQUARE: "so_square({0})",
+    Op.SIGMOID: "so_sigmoid({0})",
+    Op.SILU: "so_silu({0})",
+    Op.GELU: "so_gelu({0})",
+    Op.RELU: "so_relu({0})",
 }
-BINARY = {"add": "({0} + {1})", "sub": "({0} - {1})", "mul": "({0} * {1})", "div": "({0} / {1})"}
+BINARY: dict[str, str] = {Op.ADD: "({0} + {1})", Op.SUB: "({0} - {1})", Op.MUL: "({0} * {1})", Op.DIV: "({0} / {1})"}
+assert set(UNARY) == set(ops.UNARY) and set(BINARY) == set(ops.BINARY), "a formula for every elementwise op"
 
 
 def formula(op: str, args: list[str]) -> str:

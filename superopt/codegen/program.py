@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from superopt.sgraph import TensorDecl
+from superopt.sgraph import LibraryKernel, TensorDecl
 
 THREADS_PER_BLOCK = 128
 STATIC_SMEM_LIMIT = 48 * 1024  # above this a kernel must opt in to more dynamic shared memory
@@ -56,14 +56,13 @@ class KernelLaunch:
 
 
 @dataclass(frozen=True)
-class LibraryCall:
-    """A pre-defined kernel: one program op on whole tensors, run on the host side by a library."""
+class LibraryCall(LibraryKernel):
+    """A pre-defined kernel as a step of the host plan: the sGraph's library kernel (one program op
+    on whole tensors, run on the host side by a library), in the launch plan's JSON."""
 
-    kernel: str
-    op: str
-    inputs: tuple[str, ...]
-    attrs: Mapping[str, Any]
-    output: str
+    @property
+    def kernel(self) -> str:
+        return self.id
 
     def to_json(self) -> dict[str, Any]:
         attrs = {k: list(v) if isinstance(v, tuple) else v for k, v in self.attrs.items()}

@@ -21,8 +21,8 @@ from superopt.codegen.prelude import C_TYPE, NEG_FLT_MAX, float_literal, formula
 from superopt.codegen.program import THREADS_PER_BLOCK as THREADS
 from superopt.codegen.values import Space, Values
 from superopt.dtypes import dtype as get_dtype
-from superopt.ops import normalize_dim
-from superopt.sgraph import Accumulator, BlockInput, BlockOp, BlockOutput, stored_order
+from superopt.ops import Op, normalize_dim
+from superopt.sgraph import AccKind, Accumulator, BlockInput, BlockOp, BlockOutput, stored_order
 
 WARP = 32
 # Row loops are unrolled a little for ILP, not fully: a fully unrolled first pass of a
@@ -207,7 +207,7 @@ def accumulate(ctx: KernelContext, acc: Accumulator) -> Stage:
     space = Space.elements(src)
     vals = Values(space, ctx.ref)
     value = vals.of(acc.source)
-    if acc.kind == "concat":
+    if acc.kind == AccKind.CONCAT:
         assert acc.dim is not None
         ast = strides(ctx.tile(acc.id))
         idx = [space.coord(d) if ast[d] == 1 else f"{space.coord(d)} * {ast[d]}" for d in range(len(src))
@@ -284,11 +284,11 @@ def reduction(ctx: KernelContext, op: BlockOp) -> Stage:
     x, shape, dim, extent, rows, lanes = _rows_of(ctx, op)
     vals = Values(Space.rows(shape, dim), ctx.ref)
     v = vals.of(x)
-    is_max = op.op == "max"
+    is_max = op.op == Op.MAX
     fold = f"acc = so_max(acc, {v});" if is_max else f"acc += {v};"
     body = _pass(rows, lanes, "acc", NEG_FLT_MAX if is_max else "0.0f", vals.body([fold]), extent,
                  "max" if is_max else "sum")
-    result = f"acc / {float_literal(extent)}" if op.op == "mean" else "acc"
+    result = f"acc / {float_literal(extent)}" if op.op == Op.MEAN else "acc"
     body += _guarded(_leader(rows, lanes), [f"so_st({ctx.smem(op.id)} + row, {result});"])
     comment = f"{op.id} = {op.op}({x}, dim={dim}): {rows} rows of {extent}, {lanes} lanes per row"
     return _stage(comment, _row_scaffold(rows, lanes, body), vals.leaves, {op.id})
@@ -309,7 +309,7 @@ def normalization(ctx: KernelContext, op: BlockOp) -> Stage:
         return vals
 
     body: list[str] = []
-    if op.op == "rms_norm":
+    if op.op == Op.RMS_NORM:
         v1 = read()
         body += _pass(rows, lanes, "ss", "0.0f", v1.body([f"ss += so_square({v1.of(x)});"]), extent, "sum")
         eps = float_literal(op.attrs["eps"])

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from superopt.codegen.layout import strides
 from superopt.codegen.prelude import float_literal, formula
+from superopt.ops import Op
 
 
 @dataclass(frozen=True)
@@ -109,7 +110,7 @@ class Values:
 
     def of(self, tid: str) -> str:
         r = self.ref(tid)
-        if r.op == "const":
+        if r.op == Op.CONST:
             assert r.value is not None
             return float_literal(r.value)
         if r.stored:

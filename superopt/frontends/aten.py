@@ -17,7 +17,8 @@ from typing import Any
 import torch
 from torch import fx
 
-from superopt.frontends.builder import ModelBuilder, Unexpressible, UnsupportedOp, Value
+from superopt.frontends.builder import ModelBuilder, OpTable, Unexpressible, UnsupportedOp, Value
+from superopt.ops import Op
 from superopt.program import ProgramError, Tensor
 from superopt.sizes import SizeError
 
@@ -25,16 +26,8 @@ DTYPES = {torch.float16: "f16", torch.bfloat16: "bf16", torch.float32: "f32"}
 TORCH_DTYPES = {v: k for k, v in DTYPES.items()}
 
 Handler = Callable[["AtenTranslator", dict[str, Any], fx.Node], Any]
-HANDLERS: dict[str, Handler] = {}
-
-
-def handles(*names: str) -> Callable[[Handler], Handler]:
-    def register(fn: Handler) -> Handler:
-        for name in names:
-            HANDLERS[name] = fn
-        return fn
-
-    return register
+HANDLERS: OpTable[Handler] = OpTable()
+handles = HANDLERS.handles
 
 
 def op_name(node: fx.Node) -> str:
@@ -130,7 +123,7 @@ class AtenTranslator:
             t = self.b.input(self.names.get(node.name, node.name), tuple(meta.shape), dtype_name(meta.dtype))
         except (Unexpressible, ProgramError) as e:
             raise UnsupportedOp(op_name(user), source_line(user), f"operand {node.name}: {e}") from None
-        self.inputs[node.name] = t.node.inputs[0] if t.node.op == "reshape" else t.id
+        self.inputs[node.name] = t.node.inputs[0] if t.node.op == Op.RESHAPE else t.id
         return t
 
     # -- one node ------------------------------------------------------------------------------
@@ -139,9 +132,7 @@ class AtenTranslator:
         if node.target is operator.getitem:
             self.values[node.name] = self._item(node)
             return
-        handler = HANDLERS.get(name)
-        if handler is None:
-            raise UnsupportedOp(name, where, "superopt has no such op (see superopt/ops.py for the ops it has)")
+        handler = HANDLERS.handler(name, where)
         try:
             out = handler(self, self._arguments(node), node)
             self._check(node, out)
@@ -366,7 +357,7 @@ def _addmm(t: AtenTranslator, a: dict[str, Any], node: fx.Node) -> Value:
 @handles("aten.sum", "aten.mean", "aten.amax")
 def _reduce(t: AtenTranslator, a: dict[str, Any], node: fx.Node) -> Value:
     _same_dtype(node, a.get("dtype"))
-    op = {"sum": "sum", "mean": "mean", "amax": "max"}[node.target.overloadpacket.__name__]  # type: ignore[union-attr]
+    op = {"sum": Op.SUM, "mean": Op.MEAN, "amax": Op.MAX}[node.target.overloadpacket.__name__]  # type: ignore[union-attr]
     return t.b.reduce(op, t.b.tensor(a["self"]), a.get("dim"), bool(a.get("keepdim", False)))
 
 

@@ -14,11 +14,12 @@ from __future__ import annotations
 import hashlib
 import math
 import re
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 
 from superopt.dtypes import DTYPES
 from superopt.limits import MAX_NAME_LENGTH, name_problem
+from superopt.ops import Op
 from superopt.program import Program, ProgramError, Tensor
 
 Value = Tensor | float  # a program tensor, or a scalar constant not yet placed in the program
@@ -39,6 +40,28 @@ class UnsupportedOp(ProgramError):
 
 class Unexpressible(ValueError):
     """What the builder cannot say in the IR; the importer turns it into an `UnsupportedOp`."""
+
+
+H = TypeVar("H", bound=Callable[..., Any])
+
+
+class OpTable(dict[str, H]):
+    """An importer's lowering of each op, by the op's name in its format: filled by decorating each
+    lowering with `handles`, so an op missing from the table is refused in the same words by all."""
+
+    def handles(self, *names: str) -> Callable[[H], H]:
+        def register(fn: H) -> H:
+            for name in names:
+                self[name] = fn
+            return fn
+
+        return register
+
+    def handler(self, op: str, where: str | None) -> H:
+        """The lowering of `op`; `UnsupportedOp` where the importer has none."""
+        if op not in self:
+            raise UnsupportedOp(op, where, "superopt has no such op (see superopt/ops.py for the ops it has)")
+        return self[op]
 
 
 def valid_name(text: str, fallback: str = "t") -> str:
@@ -111,13 +134,7 @@ class ModelBuilder:
         for t in outputs:
             if t.id not in p.outputs:
                 p.output(t)
-        live: set[str] = set()
-        stack = list(p.outputs)
-        while stack:
-            nid = stack.pop()
-            if nid not in live:
-                live.add(nid)
-                stack.extend(p.nodes[nid].inputs)
+        live = p._live()
         p.nodes = {nid: n for nid, n in p.nodes.items() if nid in live}
         return p.validate()
 
@@ -128,13 +145,14 @@ class ModelBuilder:
         in `superopt.primitives`, so nothing changes but the program's canonical form):
         x * sigmoid(x) is silu(x), 1 / sqrt(x) is rsqrt(x)."""
         if not isinstance(a, Tensor) and not isinstance(b, Tensor):
-            return {"add": a + b, "sub": a - b, "mul": a * b, "div": a / b}[op]
-        if op == "mul" and isinstance(a, Tensor) and isinstance(b, Tensor):
+            folded: dict[str, float] = {Op.ADD: a + b, Op.SUB: a - b, Op.MUL: a * b, Op.DIV: a / b}
+            return folded[op]
+        if op == Op.MUL and isinstance(a, Tensor) and isinstance(b, Tensor):
             for x, s in ((a, b), (b, a)):
-                if s.node.op == "sigmoid" and s.node.inputs == (x.id,):
-                    return self.op("silu", x)
-        if op == "div" and a == 1.0 and isinstance(b, Tensor) and b.node.op == "sqrt":
-            return self.op("rsqrt", Tensor(self.program, b.node.inputs[0]))
+                if s.node.op == Op.SIGMOID and s.node.inputs == (x.id,):
+                    return self.op(Op.SILU, x)
+        if op == Op.DIV and a == 1.0 and isinstance(b, Tensor) and b.node.op == Op.SQRT:
+            return self.op(Op.RSQRT, Tensor(self.program, b.node.inputs[0]))
         return self.op(op, a, b)
 
     def unary(self, op: str, x: Value) -> Tensor:
@@ -165,7 +183,7 @@ class ModelBuilder:
         shape = tuple(int(d) for d in shape)
         if x.shape == shape:
             return x
-        if x.node.op == "reshape":  # a reshape of a reshape reads the first one's operand
+        if x.node.op == Op.RESHAPE:  # a reshape of a reshape reads the first one's operand
             return self.reshape(Tensor(self.program, x.node.inputs[0]), shape)
         return self.op("reshape", x, shape=list(shape))
 

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_unflatten
 
-from superopt.config import DEFAULT_BUDGET_S, SearchConfig
+from superopt.config import DEFAULT_BUDGET_S, DEFAULT_TARGET, SearchConfig
 from superopt.frontends.kernels import KernelPath, SearchOptions
 from superopt.frontends.torch_import import ImportedModel, Model, example_tuple, import_model
 
@@ -88,7 +88,7 @@ def compile(
     example_inputs: torch.Tensor | Sequence[torch.Tensor],
     *,
     search: bool = False,
-    target: str = "auto",
+    target: str = DEFAULT_TARGET,
     budget_s: float | None = DEFAULT_BUDGET_S,
     max_states: int | None = None,
     config: SearchConfig | None = None,

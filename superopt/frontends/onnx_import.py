@@ -19,7 +19,8 @@ import onnx
 from google.protobuf.message import DecodeError
 from onnx import numpy_helper
 
-from superopt.frontends.builder import ModelBuilder, Unexpressible, UnsupportedOp, Value, shortest_float
+from superopt.frontends.builder import ModelBuilder, OpTable, Unexpressible, UnsupportedOp, Value, shortest_float
+from superopt.ops import Op
 from superopt.program import Program, ProgramError, Tensor
 from superopt.sizes import SizeError
 
@@ -39,16 +40,8 @@ class _Lazy:
 
 Raw = Value | np.ndarray | _Lazy | None
 Handler = Callable[["OnnxImporter", onnx.NodeProto, list[Any], dict[str, Any]], Any]
-HANDLERS: dict[str, Handler] = {}
-
-
-def handles(*names: str) -> Callable[[Handler], Handler]:
-    def register(fn: Handler) -> Handler:
-        for name in names:
-            HANDLERS[name] = fn
-        return fn
-
-    return register
+HANDLERS: OpTable[Handler] = OpTable()
+handles = HANDLERS.handles
 
 
 def import_onnx(model: str | Path | onnx.ModelProto, name: str | None = None) -> Program:
@@ -92,7 +85,7 @@ class OnnxImporter:
         outputs = []
         for out in g.output:
             v = self._read(out.name, None)
-            if not isinstance(v, Tensor) or v.node.op in ("input", "const"):
+            if not isinstance(v, Tensor) or v.node.op in ("input", Op.CONST):
                 raise ProgramError(f"output {out.name!r} is not computed by the model (an input or a constant); "
                                    "superopt programs compute their outputs")
             outputs.append(v)
@@ -148,9 +141,7 @@ class OnnxImporter:
             if folded is not None:
                 self.values[node.output[0]] = folded
                 return
-            handler = HANDLERS.get(op)
-            if handler is None:
-                raise UnsupportedOp(op, where, "superopt has no such op (see superopt/ops.py for the ops it has)")
+            handler = HANDLERS.handler(op, where)
             inputs = [self._read(n, node) for n in node.input]
             out = handler(self, node, inputs, attrs)
         except (Unexpressible, SizeError) as e:
@@ -343,7 +334,7 @@ def _reduce(im: OnnxImporter, node: onnx.NodeProto, x: list[Any], a: dict[str, A
     t, axes = im.tensor(x[0]), _axes(im, x, a)
     if not axes and a.get("noop_with_empty_axes", 0):
         return t
-    op = {"ReduceSum": "sum", "ReduceMean": "mean", "ReduceMax": "max"}[node.op_type]
+    op = {"ReduceSum": Op.SUM, "ReduceMean": Op.MEAN, "ReduceMax": Op.MAX}[node.op_type]
     return im.b.reduce(op, t, axes, bool(a.get("keepdims", 1)))
 
 

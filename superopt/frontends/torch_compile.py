@@ -26,11 +26,12 @@ from superopt.api import NoCandidate
 from superopt.frontends.aten import BROADCASTING, AtenTranslator, op_name
 from superopt.frontends.builder import ModelBuilder, Unexpressible, UnsupportedOp
 from superopt.frontends.kernels import KernelPath, SearchOptions
+from superopt.ops import LAYOUT
 from superopt.program import ProgramError
 
 log = logging.getLogger("superopt.torch")
 
-LAYOUT_OPS = ("input", "reshape", "transpose")  # a region of these only is not worth a launch
+LAYOUT_OPS = ("input", *LAYOUT)  # a region of these only is not worth a launch
 
 
 def unsupported(node: fx.Node) -> str | None:

@@ -19,6 +19,7 @@ from torch.utils._pytree import TreeSpec
 
 from superopt.frontends.aten import DTYPES, AtenTranslator
 from superopt.frontends.builder import ModelBuilder
+from superopt.ops import Op
 from superopt.program import Program, ProgramError, Tensor
 
 Model = torch.nn.Module | Callable[..., Any]
@@ -111,7 +112,7 @@ def import_model(model: Model, example_inputs: torch.Tensor | Sequence[torch.Ten
     values = translator.graph(exported.graph_module.graph)
     tensors: list[Tensor] = []
     for i, v in enumerate(values):
-        if not isinstance(v, Tensor) or v.id in translator.inputs.values() or v.node.op in ("input", "const"):
+        if not isinstance(v, Tensor) or v.id in translator.inputs.values() or v.node.op in ("input", Op.CONST):
             raise ProgramError(f"{name}: output {i} is not computed by the model (an input or a constant returned "
                                "as it is); superopt programs compute their outputs")
         tensors.append(v)

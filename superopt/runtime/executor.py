@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 
 from superopt.codegen import CudaProgram, LibraryCall
+from superopt.ops import Op
 from superopt.runtime.compiler import kernel_functions
 from superopt.runtime.device import require_cupy
 from superopt.runtime.library import LibraryOps
@@ -27,7 +28,7 @@ class DeviceProgram:
         # a copy, run like any library kernel.
         self.aliases: set[str] = set(prog.views) | set(prog.reshaped_views)
         for step in prog.steps:
-            if isinstance(step, LibraryCall) and step.op == "reshape" and step.inputs[0] not in prog.views:
+            if isinstance(step, LibraryCall) and step.op == Op.RESHAPE and step.inputs[0] not in prog.views:
                 self.aliases.add(step.output)
         for step in prog.steps:  # aliases run no CuPy kernel
             if isinstance(step, LibraryCall) and step.output not in self.aliases and \
@@ -50,7 +51,7 @@ class DeviceProgram:
     def launches(self) -> int:
         """Kernels a run launches: every step but constants (launch arguments) and aliases."""
         return sum(1 for s in self.prog.steps if not (isinstance(s, LibraryCall) and
-                                                       (s.op == "const" or s.output in self.aliases)))
+                                                       (s.op == Op.CONST or s.output in self.aliases)))
 
     def set_inputs(self, inputs: Mapping[str, np.ndarray]) -> None:
         for name in self.prog.inputs:

@@ -16,7 +16,7 @@ from typing import Any
 from superopt import ops
 from superopt.codegen import LibraryCall
 from superopt.codegen.prelude import FLOAT_HELPERS, NEG_FLT_MAX, formula
-from superopt.ops import normalize_dim
+from superopt.ops import Op, normalize_dim
 
 
 class LibraryOps:
@@ -44,7 +44,7 @@ class LibraryOps:
     def __call__(self, call: LibraryCall, args: Sequence[Any], out: Any) -> None:
         cp, op, a = self.cp, call.op, call.attrs
         dim = normalize_dim(a["dim"], args[0].ndim) if "dim" in a else None
-        if op == "matmul":
+        if op == Op.MATMUL:
             cp.matmul(args[0], args[1], out=out)
         elif op in ops.UNARY:
             self._elementwise(op, "T x", f"y = (T)({formula(op, ['(float)x'])});")(args[0], out)
@@ -53,13 +53,13 @@ class LibraryOps:
                 args[0], args[1], out)
         elif op in ops.REDUCE:
             self._reduce(op)(args[0], out=out, axis=dim, keepdims=a["keepdim"])
-        elif op == "rms_norm":
+        elif op == Op.RMS_NORM:
             msq = self._reduction("mean_square", "T x", "float32 y", "(float)x * (float)x", "a + b",
                                   "y = a / (float)(_in_ind.size() / _out_ind.size())", "0")
             ms = msq(args[0], axis=dim, keepdims=True)
             self._elementwise("rms_apply", "T x, float32 ms, float32 eps", "y = (T)((float)x / sqrtf(ms + eps));")(
                 args[0], ms, a["eps"], out)
-        elif op == "softmax":
+        elif op == Op.SOFTMAX:
             mx = self._reduction("row_max", "T x", "float32 y", "(float)x", "so_max(a, b)", "y = a",
                                  NEG_FLT_MAX)(args[0], axis=dim, keepdims=True)
             e = cp.empty(args[0].shape, dtype=cp.float32)
@@ -68,17 +68,17 @@ class LibraryOps:
             se = cp.sum(e, axis=dim, keepdims=True)
             self._kernel("div_to", lambda: cp.ElementwiseKernel(
                 "float32 e, float32 s", "T y", "y = (T)(e / s);", "superopt_div_to"))(e, se, out)
-        elif op == "const":
+        elif op == Op.CONST:
             out.fill(a["value"])
-        elif op == "transpose":
+        elif op == Op.TRANSPOSE:
             cp.copyto(out, args[0].transpose(a["perm"]))
-        elif op == "reshape":
+        elif op == Op.RESHAPE:
             cp.copyto(out, args[0].reshape(out.shape))
         else:
             raise ValueError(f"no GPU library implementation of op {op!r}")
 
     def _reduce(self, op: str) -> Any:
-        if op == "max":
+        if op == Op.MAX:
             return self._reduction(op, "T x", "T y", "(float)x", "so_max(a, b)", "y = (T)(a)", NEG_FLT_MAX)
-        post = "y = (T)(a / (float)(_in_ind.size() / _out_ind.size()))" if op == "mean" else "y = (T)(a)"
+        post = "y = (T)(a / (float)(_in_ind.size() / _out_ind.size()))" if op == Op.MEAN else "y = (T)(a)"
         return self._reduction(op, "T x", "T y", "(float)x", "a + b", post, "0")

@@ -7,7 +7,7 @@ fused sGraph (DESIGN.md §9) for a program built by its partner, with symbolic g
 from __future__ import annotations
 
 from superopt.build import BlockBuilder, SGraphBuilder
-from superopt.program import Program
+from superopt.program import Program, Tensor
 from superopt.sgraph import SGraph
 
 EPS = 1e-6
@@ -17,13 +17,19 @@ def _eps(k: BlockBuilder) -> str:
     return k.after("const", value=EPS)
 
 
+def _x_and_weights(name: str, n: int, d: int, e: int, dtype: str,
+                   *weights: str) -> tuple[Program, Tensor, list[Tensor]]:
+    """A program reading X (n x d) and each of `weights` (d x e), in that order: the MLP blocks' inputs."""
+    p = Program(name)
+    x = p.input("X", (n, d), dtype)
+    return p, x, [p.input(w, (d, e), dtype) for w in weights]
+
+
 # -- rmsnorm_matmul: O = rms_norm(X) @ W ---------------------------------------------------------
 
 
 def program_rmsnorm_matmul(n: int, d: int, e: int, dtype: str = "f16") -> Program:
-    p = Program("rmsnorm_matmul")
-    x = p.input("X", (n, d), dtype)
-    w = p.input("W", (d, e), dtype)
+    p, x, (w,) = _x_and_weights("rmsnorm_matmul", n, d, e, dtype, "W")
     p.output(p.op("matmul", p.rms_norm(x, -1, EPS), w, name="O"))
     return p
 
@@ -47,10 +53,7 @@ def reference_rmsnorm_matmul(p: Program) -> SGraph:
 
 
 def program_gated_mlp(n: int, d: int, e: int, dtype: str = "f16") -> Program:
-    p = Program("gated_mlp")
-    x = p.input("X", (n, d), dtype)
-    w1 = p.input("W1", (d, e), dtype)
-    w2 = p.input("W2", (d, e), dtype)
+    p, x, (w1, w2) = _x_and_weights("gated_mlp", n, d, e, dtype, "W1", "W2")
     p.output(p.op("mul", p.silu(x @ w1), x @ w2, name="O"))
     return p
 
@@ -71,10 +74,7 @@ def reference_gated_mlp(p: Program) -> SGraph:
 
 
 def program_rmsnorm_mlp(n: int, d: int, e: int, dtype: str = "f16") -> Program:
-    p = Program("rmsnorm_mlp")
-    x = p.input("X", (n, d), dtype)
-    wu = p.input("Wu", (d, e), dtype)
-    wg = p.input("Wg", (d, e), dtype)
+    p, x, (wu, wg) = _x_and_weights("rmsnorm_mlp", n, d, e, dtype, "Wu", "Wg")
     xn = p.rms_norm(x, -1, EPS)
     p.output(p.op("mul", xn @ wu, xn @ wg, name="O"))
     return p
@@ -97,9 +97,7 @@ def reference_rmsnorm_mlp(p: Program) -> SGraph:
 
 
 def program_lora(n: int, d: int, e: int, r: int, dtype: str = "f16") -> Program:
-    p = Program("lora")
-    x = p.input("X", (n, d), dtype)
-    w = p.input("W", (d, e), dtype)
+    p, x, (w,) = _x_and_weights("lora", n, d, e, dtype, "W")
     a = p.input("A", (d, r), dtype)
     bb = p.input("B", (r, e), dtype)
     p.output(p.op("add", x @ w, (x @ a) @ bb, name="O"))
