@@ -17,7 +17,7 @@ import time
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from egglog import (
@@ -39,8 +39,21 @@ from egglog import (
 )
 from egglog import eq as egg_eq
 
-from superopt.verifier.rules import RULES, Rule, permutation_rules
-from superopt.verifier.terms import SIGNATURES, AxisVar, ConstVar, DimVar, Ext, ExtVar, Node, PermVar, Term, Var
+from superopt.ops import Op
+from superopt.verifier.rules import RULES, Indep, Le, Lt, Ne, Rule, permutation_rules
+from superopt.verifier.terms import (
+    SIGNATURES,
+    AxisVar,
+    ConstVar,
+    DimVar,
+    Ext,
+    ExtVar,
+    Node,
+    PermVar,
+    Term,
+    Var,
+    spell_out,
+)
 
 
 class X(Expr):
@@ -67,6 +80,9 @@ class T(Expr):
     def exp(self) -> T: ...
     def sqrt(self) -> T: ...
     def relu(self) -> T: ...
+    def sigmoid(self) -> T: ...
+    def silu(self) -> T: ...
+    def gelu(self) -> T: ...
     def sum(self, d: i64Like, n: X) -> T: ...
     def mean(self, d: i64Like, n: X) -> T: ...
     def max(self, d: i64Like) -> T: ...
@@ -130,17 +146,16 @@ class _Converter:
 
 def _conditions(conv: _Converter, r: Rule) -> list[Any]:
     facts: list[Any] = []
-    for kind, x, y in r.conds:
-        if kind == "indep":
-            facts.append(indep(conv.term(x), conv.param(y)))  # type: ignore[arg-type]
-        elif kind in ("ne_dim", "ne_axis"):
-            facts.append(ne(conv.param(x)).to(conv.param(y)))
-        elif kind == "lt_dim":
-            facts.append(conv.param(x) < conv.param(y))
-        elif kind == "le_dim":
-            facts.append(conv.param(x) <= i64(int(y)))  # type: ignore[call-overload]
-        else:
-            raise ValueError(f"unknown side condition {kind!r} in rule {r.name}")
+    for cond in r.conds:
+        match cond:
+            case Indep():
+                facts.append(indep(conv.term(cond.e), conv.param(cond.a)))
+            case Ne():
+                facts.append(ne(conv.param(cond.x)).to(conv.param(cond.y)))
+            case Lt():
+                facts.append(conv.param(cond.x) < conv.param(cond.y))
+            case Le():
+                facts.append(conv.param(cond.x) <= i64(cond.k))
     return facts
 
 
@@ -170,7 +185,7 @@ def _perms(terms: Sequence[Term]) -> tuple[str, ...]:
         if not isinstance(term, Node) or id(term) in visited:
             continue
         visited.add(id(term))
-        if term.op == "transpose":
+        if term.op == Op.TRANSPOSE:
             found.add(str(term.params[0]))
         stack.extend(term.children)
     return tuple(sorted(found))
@@ -186,7 +201,7 @@ def _analysis_rules() -> Any:
         if op == "inp":
             out.append(rule(egg_eq(x).to(T.inp(name)), axis_fact(a)).then(indep(x, a)))
             continue
-        if op == "const":
+        if op == Op.CONST:
             out.append(rule(egg_eq(x).to(T.const(var("v__", f64))), axis_fact(a)).then(indep(x, a)))
             continue
         params: list[Any] = []
@@ -223,6 +238,7 @@ class ProofResult:
     enodes: int
     seconds: float
     rule_matches: dict[str, int] = field(default_factory=dict)
+    spelled: bool = False  # proved (or refused) with the composites spelled out (`prove`)
 
     def certificate(self) -> dict[str, Any]:
         fired = {k: v for k, v in sorted(self.rule_matches.items()) if v}
@@ -233,6 +249,7 @@ class ProofResult:
             "ms": round(self.seconds * 1e3, 2),
             "rule_applications": sum(fired.values()),
             "rules_fired": fired,
+            "composites": "spelled" if self.spelled else "whole",
         }
 
 
@@ -289,7 +306,27 @@ KEPT_PROOFS = 100
 
 def prove(pairs: Sequence[tuple[Term, Term]], axes: Sequence[str], limits: Limits | None = None) -> ProofResult:
     """Decide whether each (lhs, rhs) pair is equal under the rules (one proof for all pairs).
-    Pairs of identical terms (the unfused baseline lowers to the program's own) need no e-graph."""
+    First with the composites whole (a composite is a function of its operand: equal operands
+    make equal values, whatever it computes), then, if that fails, with them spelled out (a
+    schedule may compute one from its definition, or share a part of it). Both together keep
+    to the time limit."""
+    limits = limits or Limits()
+    whole = _prove_pairs(pairs, axes, limits)
+    if whole.proved:
+        return whole
+    flat = spell_out([side for pair in pairs for side in pair])
+    spelled = list(zip(flat[::2], flat[1::2], strict=True))
+    if spelled == list(pairs):
+        return whole
+    out = _prove_pairs(spelled, axes, replace(limits, seconds=max(0.0, limits.seconds - whole.seconds)))
+    out.seconds += whole.seconds
+    out.spelled = True
+    return out
+
+
+def _prove_pairs(pairs: Sequence[tuple[Term, Term]], axes: Sequence[str], limits: Limits) -> ProofResult:
+    """One proof. Pairs of identical terms (the unfused baseline lowers to the program's own)
+    need no e-graph."""
     if all(lhs == rhs for lhs, rhs in pairs):
         return ProofResult(True, "proved", 0, 0, 0.0)
     if getattr(_kept, "prover", None) is None or _kept.prover.proofs >= KEPT_PROOFS:
@@ -297,7 +334,7 @@ def prove(pairs: Sequence[tuple[Term, Term]], axes: Sequence[str], limits: Limit
     _kept.prover.proofs += 1
     rewrites = _rewrites(_perms([side for pair in pairs for side in pair]))
     with _kept.prover.pushed([ANALYSIS, rewrites]) as egraph:
-        return _prove(egraph, pairs, axes, rewrites, limits or Limits())
+        return _prove(egraph, pairs, axes, rewrites, limits)
 
 
 def _prove(egraph: EGraph, pairs: Sequence[tuple[Term, Term]], axes: Sequence[str], rewrites: Any,

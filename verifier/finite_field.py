@@ -37,6 +37,7 @@ import numpy as np
 
 from superopt.instantiate import Instance
 from superopt.interpreter import run as run_sgraph
+from superopt.ops import Op
 from superopt.primitives import Algebra, ArrayAlgebra, V, apply
 from superopt.program import Program
 from superopt.sgraph import LibraryKernel, SGraph
@@ -51,7 +52,7 @@ POISON = -1  # never a residue: an unwritten output element fails every comparis
 UF_DEGREE = 3
 MAX_MODEL = ("finite fields: max selects the element that a float64 shadow of the same computation puts "
              "first, so maxima combine as maxima, never as sums; the e-graph and the float layer check max too")
-MAX_OPS = ("max", "softmax")  # the ops whose meaning takes a maximum (softmax subtracts the row's)
+MAX_OPS = (Op.MAX, Op.SOFTMAX)  # the ops whose meaning takes a maximum (softmax subtracts the row's)
 
 
 class FF:
@@ -181,10 +182,10 @@ def _const_mod(value: float, m: int) -> int:
 
 # Strictly increasing real stand-ins for the uninterpreted ops, in the order shadow: equal
 # arguments give equal orders, different ones different orders (relu's zeros would tie).
-_ORDER_STANDINS: dict[str, Callable[[np.ndarray], np.ndarray]] = {
-    "sqrt": lambda x: np.sign(x) * np.sqrt(np.abs(x)),
-    "relu": lambda x: np.where(x > 0, x, x / 8),
-    "exp": np.exp,
+_ORDER_STANDINS: dict[Op, Callable[[np.ndarray], np.ndarray]] = {
+    Op.SQRT: lambda x: np.sign(x) * np.sqrt(np.abs(x)),
+    Op.RELU: lambda x: np.where(x > 0, x, x / 8),
+    Op.EXP: np.exp,
 }
 
 
@@ -201,9 +202,9 @@ class FieldAlgebra(ArrayAlgebra[FF]):
 
     def __init__(self, rng: np.random.Generator) -> None:
         draw = lambda m: [int(x) for x in rng.integers(1, m, UF_DEGREE + 1)]
-        self.uf = {name: (draw(P), draw(Q)) for name in ("sqrt", "relu", "exp")}
+        self.uf = {name: (draw(P), draw(Q)) for name in (Op.SQRT, Op.RELU, Op.EXP)}
 
-    def _uf(self, name: str, x: FF) -> FF:
+    def _uf(self, name: Op, x: FF) -> FF:
         cp, cq = self.uf[name]
         return FF(_poly(cp, x.p, P), None if x.q is None else _poly(cq, x.q, Q), order=_real(_ORDER_STANDINS[name], x))
 
@@ -239,14 +240,14 @@ class FieldAlgebra(ArrayAlgebra[FF]):
 
     def exp(self, a: FF) -> FF:
         if a.q is None:  # exp of an exp: outside the exact fragment
-            return self._uf("exp", a)
+            return self._uf(Op.EXP, a)
         return FF(_exp_g(a.q), None, order=_real(np.exp, a))
 
     def sqrt(self, a: FF) -> FF:
-        return self._uf("sqrt", a)
+        return self._uf(Op.SQRT, a)
 
     def relu(self, a: FF) -> FF:
-        return self._uf("relu", a)
+        return self._uf(Op.RELU, a)
 
     def sum(self, a: FF, dim: int, keepdim: bool) -> FF:
         total = lambda x: np.sum(x, axis=dim, keepdims=keepdim)
@@ -383,7 +384,7 @@ def check(program: Program, inst: Instance, trials: int = 2, seed: int = 0) -> F
 
 def takes_max(program: Program, sgraph: SGraph) -> bool:
     """Whether the program or the sGraph takes a maximum: only then do values need their order."""
-    ops = [n.op for n in program.topological()]
+    ops: list[str] = [n.op for n in program.topological()]
     for k in sgraph.kernels:
         ops += [k.op] if isinstance(k, LibraryKernel) else [op.op for op in k.block.ops()]
     return any(op in MAX_OPS for op in ops)

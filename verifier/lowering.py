@@ -1,13 +1,14 @@
 """Lower programs and symbolic sGraphs into the prover's term language.
 
-Both sides go through `superopt.primitives.apply`, so composite ops (rms_norm, silu, ...) expand
-through the same definitions every other layer uses. `TermAlgebra` tracks each value's shape to
-make broadcasting explicit (`bcast` markers wherever a size-1 dim meets a full one) and to count
-dims from the end. An sGraph lowers kernel by kernel: a graph-defined kernel's input tile is its
-tensor with a `part` per split (grid axes, then the loop axis), accumulators become
-`sum_over` / `mean_over` / `cat_over` over the loop axis, and each output is the `cat_over` of its
-tile over the grid axes of its omap. Axes whose size is the constant 1 split nothing and are
-left out.
+Both sides go through `superopt.primitives.apply`, so composite ops (rms_norm, softmax, ...) expand
+through the same definitions every other layer uses; the one-operand elementwise composites
+(sigmoid, silu, gelu) stay whole, and the prover spells them out only where it must. `TermAlgebra`
+tracks each value's shape to make broadcasting explicit (`bcast` markers wherever a size-1 dim
+meets a full one) and to count dims from the end. An sGraph lowers kernel by kernel: a
+graph-defined kernel's input tile is its tensor with a `part` per split (grid axes, then the loop
+axis), accumulators become `sum_over` / `mean_over` / `cat_over` over the loop axis, and each
+output is the `cat_over` of its tile over the grid axes of its omap. Axes whose size is the
+constant 1 split nothing and are left out.
 """
 
 from __future__ import annotations
@@ -16,9 +17,10 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from superopt.dimclasses import NO_CLASS, dim_classes
+from superopt.ops import Op
 from superopt.primitives import Algebra, apply
 from superopt.program import Program
-from superopt.sgraph import GraphKernel, LibraryKernel, SGraph
+from superopt.sgraph import AccKind, GraphKernel, LibraryKernel, SGraph
 from superopt.sizes import Size
 from superopt.verifier import terms as t
 from superopt.verifier.terms import ONE, Ext, Node
@@ -40,28 +42,28 @@ class TermAlgebra(Algebra[TV]):
         return t.binary(op, _expand(x, out), _expand(y, out)), out
 
     def add(self, a: TV, b: TV) -> TV:
-        return self._binary("add", a, b)
+        return self._binary(Op.ADD, a, b)
 
     def sub(self, a: TV, b: TV) -> TV:
-        return self._binary("sub", a, b)
+        return self._binary(Op.SUB, a, b)
 
     def mul(self, a: TV, b: TV) -> TV:
-        return self._binary("mul", a, b)
+        return self._binary(Op.MUL, a, b)
 
     def div(self, a: TV, b: TV) -> TV:
-        return self._binary("div", a, b)
+        return self._binary(Op.DIV, a, b)
 
     def neg(self, a: TV) -> TV:
-        return t.unary("neg", a[0]), a[1]
+        return t.unary(Op.NEG, a[0]), a[1]
 
     def exp(self, a: TV) -> TV:
-        return t.unary("exp", a[0]), a[1]
+        return t.unary(Op.EXP, a[0]), a[1]
 
     def sqrt(self, a: TV) -> TV:
-        return t.unary("sqrt", a[0]), a[1]
+        return t.unary(Op.SQRT, a[0]), a[1]
 
     def relu(self, a: TV) -> TV:
-        return t.unary("relu", a[0]), a[1]
+        return t.unary(Op.RELU, a[0]), a[1]
 
     def _reduce(self, op: str, a: TV, dim: int, keepdim: bool) -> TV:
         rank = len(a[1])
@@ -73,13 +75,13 @@ class TermAlgebra(Algebra[TV]):
         return t.squeeze(term, d), (*a[1][:i], *a[1][i + 1:])
 
     def sum(self, a: TV, dim: int, keepdim: bool) -> TV:
-        return self._reduce("sum", a, dim, keepdim)
+        return self._reduce(Op.SUM, a, dim, keepdim)
 
     def max(self, a: TV, dim: int, keepdim: bool) -> TV:
-        return self._reduce("max", a, dim, keepdim)
+        return self._reduce(Op.MAX, a, dim, keepdim)
 
     def mean(self, a: TV, dim: int, keepdim: bool, n: Any) -> TV:
-        return self._reduce("mean", a, dim, keepdim)
+        return self._reduce(Op.MEAN, a, dim, keepdim)
 
     def matmul(self, a: TV, b: TV) -> TV:
         batch = _broadcast(a[1][:-2], b[1][:-2])
@@ -87,10 +89,18 @@ class TermAlgebra(Algebra[TV]):
         return t.matmul(a[0], b[0], k), (*batch, a[1][-2], b[1][-1])
 
     def transpose(self, a: TV, perm: Sequence[int]) -> TV:
-        return t.node("transpose", a[0], params=(",".join(map(str, perm)),)), tuple(a[1][p] for p in perm)
+        return t.node(Op.TRANSPOSE, a[0], params=(",".join(map(str, perm)),)), tuple(a[1][p] for p in perm)
 
     def reshape(self, a: TV, shape: Sequence[int]) -> TV:
-        return t.node("reshape", a[0], params=(",".join(map(str, shape)),)), tuple(_literal(s) for s in shape)
+        return t.node(Op.RESHAPE, a[0], params=(",".join(map(str, shape)),)), tuple(_literal(s) for s in shape)
+
+    def apply(self, op: str, args: Sequence[TV], attrs: Mapping[str, Any], shapes: Sequence[Any]) -> TV:
+        """`primitives.apply`, except that a composite (`terms.COMPOSITES`) stays one symbol: a
+        chain of gelus spelled out is a polynomial under a sigmoid at every link, whose products
+        the algebra rules rearrange in more ways than a proof can hold."""
+        if op in t.COMPOSITES:
+            return t.unary(op, args[0][0]), args[0][1]
+        return apply(self, op, args, attrs, shapes)
 
 
 def _literal(size: int) -> Ext:
@@ -122,7 +132,7 @@ def program_extents(program: Program) -> dict[str, Extents]:
     reshape makes takes the reshape's literal size (the reshape's term names it)."""
     classes = dim_classes(program)
     literal = {c: program.nodes[nid].shape[d] for (nid, d), c in classes.items()
-               if program.nodes[nid].op == "reshape" and c != NO_CLASS}
+               if program.nodes[nid].op == Op.RESHAPE and c != NO_CLASS}
 
     def extent(c: int) -> Ext:
         if c == NO_CLASS:
@@ -141,7 +151,7 @@ def lower_program(program: Program) -> list[Node]:
             values[n.id] = t.inp(n.id), extents[n.id]
             continue
         args = [values[i] for i in n.inputs]
-        values[n.id] = apply(alg, n.op, args, n.attrs, [a[1] for a in args])
+        values[n.id] = alg.apply(n.op, args, n.attrs, [a[1] for a in args])
     return [values[o][0] for o in program.outputs]
 
 
@@ -155,7 +165,7 @@ def lower_sgraph(sg: SGraph, program: Program) -> tuple[list[Node], list[str]]:
     for k in sg.kernels:
         if isinstance(k, LibraryKernel):
             args = [values[i] for i in k.inputs]
-            values[k.output] = apply(alg, k.op, args, k.attrs, [a[1] for a in args])
+            values[k.output] = alg.apply(k.op, args, k.attrs, [a[1] for a in args])
         else:
             values.update(_lower_block(sg, k, values, alg, axes))
     return [values[o][0] for o in sg.outputs], axes
@@ -187,13 +197,13 @@ def _lower_block(sg: SGraph, k: GraphKernel, values: Mapping[str, TV], alg: Term
         vals[inp.id] = term, exts
     for op in b.body:
         args = [vals[i] for i in op.inputs]
-        vals[op.id] = apply(alg, op.op, args, op.attrs, [x[1] for x in args])
+        vals[op.id] = alg.apply(op.op, args, op.attrs, [x[1] for x in args])
     for acc in b.accumulators:
         term, exts = vals[acc.source]
         if loop:
-            if acc.kind == "sum":
+            if acc.kind == AccKind.SUM:
                 term = t.sum_over(term, loop)
-            elif acc.kind == "mean":
+            elif acc.kind == AccKind.MEAN:
                 term = t.mean_over(term, loop)
             else:
                 assert acc.dim is not None
@@ -201,7 +211,7 @@ def _lower_block(sg: SGraph, k: GraphKernel, values: Mapping[str, TV], alg: Term
         vals[acc.id] = term, exts
     for op in b.post:
         args = [vals[i] for i in op.inputs]
-        vals[op.id] = apply(alg, op.op, args, op.attrs, [x[1] for x in args])
+        vals[op.id] = alg.apply(op.op, args, op.attrs, [x[1] for x in args])
     out: dict[str, TV] = {}
     for o in b.outputs:
         term, exts = vals[o.source]

@@ -28,19 +28,22 @@ expression is built, so candidates arrive in the normal form the saturated targe
 from __future__ import annotations
 
 import json
+import operator
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
 from egglog import EGraph, Expr, String, StringLike, birewrite, i64, i64Like, ne, relation, rewrite, ruleset, var, vars_
+from egglog import union as union_of
 
 from superopt.dimclasses import NO_CLASS, dim_classes, input_classes
+from superopt.ops import Op
 from superopt.primitives import Algebra, apply
 from superopt.program import Program
 from superopt.verifier.egraph import dropped_here
-from superopt.verifier.reach import Reach
+from superopt.verifier.reach import REDUCTIONS, Reach
 
 AE = tuple[Any, ...]  # ("inp", name) | ("c",) | ("k", factor) | ("sum" | "max", dim class, x) | (op, *children)
 AV = tuple[AE, tuple[int, ...]]  # an abstract value: expression, and the dim class of each dim
@@ -50,31 +53,31 @@ UNIT = NO_CLASS
 
 def mk(op: str, *kids: Any) -> AE:
     """Build an abstract expression in normal form for the directed simplifications."""
-    if op == "neg":
+    if op == Op.NEG:
         (x,) = kids
-        return x[1] if x[0] == "neg" else C if x == C else ("neg", x)
-    if op == "mul":
+        return x[1] if x[0] == Op.NEG else C if x == C else (Op.NEG, x)
+    if op == Op.MUL:
         a, b = kids
         if a == C:
             return b
         if b == C:
             return a
-    if op == "div" and kids[1] == C:
+    if op == Op.DIV and kids[1] == C:
         return kids[0]
-    if op == "sum":
+    if op == Op.SUM:
         cls, x = kids
         if x == C:
             return C
-        if x[0] == "add":
-            return mk("add", mk("sum", cls, x[1]), mk("sum", cls, x[2]))
-        if x[0] == "div":
-            return mk("div", mk("sum", cls, x[1]), x[2])
-        if x[0] == "sum":
+        if x[0] == Op.ADD:
+            return mk(Op.ADD, mk(Op.SUM, cls, x[1]), mk(Op.SUM, cls, x[2]))
+        if x[0] == Op.DIV:
+            return mk(Op.DIV, mk(Op.SUM, cls, x[1]), x[2])
+        if x[0] == Op.SUM:
             if x[1] == cls:
                 return x  # a sum of partial sums over the same dim is that sum
             if x[1] < cls:
-                return ("sum", x[1], mk("sum", cls, x[2]))  # nested sums in class order
-    if op in ("add", "exp", "sqrt", "relu", *OPAQUE) and all(k == C for k in kids):
+                return (Op.SUM, x[1], mk(Op.SUM, cls, x[2]))  # nested sums in class order
+    if op in (Op.ADD, Op.EXP, Op.SQRT, Op.RELU, *OPAQUE) and all(k == C for k in kids):
         return C
     return (op, *kids)
 
@@ -107,28 +110,28 @@ class AbstractAlgebra(Algebra[AV]):
         return mk(op, a[0], b[0]), _broadcast(a[1], b[1])
 
     def add(self, a: AV, b: AV) -> AV:
-        return self._binary("add", a, b)
+        return self._binary(Op.ADD, a, b)
 
     def sub(self, a: AV, b: AV) -> AV:
-        return self._binary("add", a, self.neg(b))
+        return self._binary(Op.ADD, a, self.neg(b))
 
     def mul(self, a: AV, b: AV) -> AV:
-        return self._binary("mul", a, b)
+        return self._binary(Op.MUL, a, b)
 
     def div(self, a: AV, b: AV) -> AV:
-        return self._binary("div", a, b)
+        return self._binary(Op.DIV, a, b)
 
     def neg(self, a: AV) -> AV:
-        return mk("neg", a[0]), a[1]
+        return mk(Op.NEG, a[0]), a[1]
 
     def exp(self, a: AV) -> AV:
-        return mk("exp", a[0]), a[1]
+        return mk(Op.EXP, a[0]), a[1]
 
     def sqrt(self, a: AV) -> AV:
-        return mk("sqrt", a[0]), a[1]
+        return mk(Op.SQRT, a[0]), a[1]
 
     def relu(self, a: AV) -> AV:
-        return mk("relu", a[0]), a[1]
+        return mk(Op.RELU, a[0]), a[1]
 
     def _reduce(self, op: str, a: AV, dim: int, keepdim: bool) -> AV:
         dims = a[1]
@@ -137,16 +140,16 @@ class AbstractAlgebra(Algebra[AV]):
         return mk(op, dims[d], a[0]), out
 
     def sum(self, a: AV, dim: int, keepdim: bool) -> AV:
-        return self._reduce("sum", a, dim, keepdim)
+        return self._reduce(Op.SUM, a, dim, keepdim)
 
     def max(self, a: AV, dim: int, keepdim: bool) -> AV:
-        return self._reduce("max", a, dim, keepdim)
+        return self._reduce(Op.MAX, a, dim, keepdim)
 
     def mean(self, a: AV, dim: int, keepdim: bool, n: Any) -> AV:
-        return self._reduce("sum", a, dim, keepdim)
+        return self._reduce(Op.SUM, a, dim, keepdim)
 
     def matmul(self, a: AV, b: AV) -> AV:
-        return mk("sum", a[1][-1], mk("mul", a[0], b[0])), (*a[1][:-1], b[1][-1])
+        return mk(Op.SUM, a[1][-1], mk(Op.MUL, a[0], b[0])), (*a[1][:-1], b[1][-1])
 
     def transpose(self, a: AV, perm: Sequence[int]) -> AV:
         return a[0], tuple(a[1][p] for p in perm)
@@ -167,13 +170,13 @@ class AbstractAlgebra(Algebra[AV]):
 
 # Elementwise composites the abstract values keep whole (`AbstractAlgebra.apply`): none holds a
 # reduction a fused schedule must split, and computing one from its definition is never cheaper.
-OPAQUE = ("gelu", "silu", "sigmoid")
+OPAQUE = (Op.GELU, Op.SILU, Op.SIGMOID)
 RESHAPED = -2  # dims out of a reshape: the classes do not follow them (reductions over them match any)
 
 
 def constants_of(program: Program) -> frozenset[float]:
     """The values of the program's constants (scalar operands of its ops)."""
-    return frozenset(float(n.attrs["value"]) for n in program.nodes.values() if n.op == "const")
+    return frozenset(float(n.attrs["value"]) for n in program.nodes.values() if n.op == Op.CONST)
 
 
 def abstract_program(program: Program) -> dict[str, AV]:
@@ -189,7 +192,7 @@ def abstract_program(program: Program) -> dict[str, AV]:
         else:
             args = [values[i] for i in n.inputs]
             ae, dims = alg.apply(n.op, args, n.attrs, [program.nodes[i].shape for i in n.inputs])
-            if n.op == "reshape":
+            if n.op == Op.RESHAPE:
                 dims = tuple(classes[(n.id, d)] for d in range(len(n.shape)))
             values[n.id] = ae, dims
     return values
@@ -202,10 +205,10 @@ class Abs(Expr):
     def c(cls) -> Abs: ...
     @classmethod
     def k(cls, value: StringLike) -> Abs: ...
-    def add(self, other: Abs) -> Abs: ...
-    def mul(self, other: Abs) -> Abs: ...
-    def div(self, other: Abs) -> Abs: ...
-    def neg(self) -> Abs: ...
+    def __add__(self, other: Abs) -> Abs: ...
+    def __mul__(self, other: Abs) -> Abs: ...
+    def __truediv__(self, other: Abs) -> Abs: ...
+    def __neg__(self) -> Abs: ...
     def exp(self) -> Abs: ...
     def sqrt(self) -> Abs: ...
     def relu(self) -> Abs: ...
@@ -220,27 +223,27 @@ def _axioms() -> Any:
     x, y, z = vars_("x y z", Abs)
     c, d = vars_("c d", i64)
     return ruleset(
-        rewrite(x.add(y)).to(y.add(x)),
-        birewrite(x.add(y.add(z))).to(x.add(y).add(z)),
-        rewrite(x.mul(y)).to(y.mul(x)),
-        birewrite(x.mul(y.mul(z))).to(x.mul(y).mul(z)),
-        rewrite(x.mul(y).add(x.mul(z))).to(x.mul(y.add(z))),
-        birewrite(x.mul(y.div(z))).to(x.mul(y).div(z)),
-        birewrite(x.div(y).div(z)).to(x.div(y.mul(z))),
-        birewrite(x.exp().mul(y.exp())).to(x.add(y).exp()),
-        birewrite(x.sqrt().mul(y.sqrt())).to(x.mul(y).sqrt()),
+        rewrite(x + y).to(y + x),
+        birewrite(x + (y + z)).to((x + y) + z),
+        rewrite(x * y).to(y * x),
+        birewrite(x * (y * z)).to((x * y) * z),
+        rewrite(x * y + x * z).to(x * (y + z)),
+        birewrite(x * (y / z)).to((x * y) / z),
+        birewrite((x / y) / z).to(x / (y * z)),
+        birewrite(x.exp() * y.exp()).to((x + y).exp()),
+        birewrite(x.sqrt() * y.sqrt()).to((x * y).sqrt()),
         rewrite(x.sum(c).sum(c)).to(x.sum(c)),
         rewrite(x.sum(c).sum(d)).to(x.sum(d).sum(c), ne(c).to(d)),
-        rewrite(x.add(y).sum(c)).to(x.sum(c).add(y.sum(c))),
-        rewrite(x.div(y).sum(c)).to(x.sum(c).div(y)),
+        rewrite((x + y).sum(c)).to(x.sum(c) + y.sum(c)),
+        rewrite((x / y).sum(c)).to(x.sum(c) / y),
         # A sign may be taken before or after a product, a quotient or a sum: both forms are kept,
         # so a schedule that negates early or late finds its prefixes.
-        birewrite(x.neg().mul(y)).to(x.mul(y).neg()),
-        birewrite(x.neg().div(y)).to(x.div(y).neg()),
-        birewrite(x.div(y.neg())).to(x.div(y).neg()),
-        birewrite(x.neg().sum(c)).to(x.sum(c).neg()),
-        rewrite(x.mul(Abs.c())).to(x),
-        rewrite(x.div(Abs.c())).to(x),
+        birewrite(-x * y).to(-(x * y)),
+        birewrite(-x / y).to(-(x / y)),
+        birewrite(x / -y).to(-(x / y)),
+        birewrite((-x).sum(c)).to(-x.sum(c)),
+        rewrite(x * Abs.c()).to(x),
+        rewrite(x / Abs.c()).to(x),
         name="abstract_axioms",
     )
 
@@ -260,7 +263,7 @@ def _freedom() -> Any:
     n = var("n", String)
     c = var("c", i64)
     x = Abs.inp(n)
-    return ruleset(rewrite(x.mul(y).sum(c)).to(x.mul(y.sum(c)), free(x, c)), name="freedom")
+    return ruleset(rewrite((x * y).sum(c)).to(x * y.sum(c), free(x, c)), name="freedom")
 
 
 FREEDOM = _freedom()
@@ -274,6 +277,13 @@ def _free_leaves(program: Program) -> list[Any]:
             if c not in {classes[(n.id, i)] for i in range(len(n.shape))}]
 
 
+# The abstract ops written as operators on `Abs`, and the names egglog gives those operators.
+_OPERATORS: dict[str, Callable[..., Abs]] = {
+    Op.ADD: operator.add, Op.MUL: operator.mul, Op.DIV: operator.truediv, Op.NEG: operator.neg,
+}
+_SPELLED = {"· + ·": Op.ADD, "· * ·": Op.MUL, "· / ·": Op.DIV, "-·": Op.NEG}
+
+
 def to_egg(e: AE, memo: dict[AE, Abs] | None = None) -> Abs:
     memo = {} if memo is None else memo
     if e in memo:
@@ -284,11 +294,11 @@ def to_egg(e: AE, memo: dict[AE, Abs] | None = None) -> Abs:
         out = Abs.c()
     elif e[0] == "k":
         out = Abs.k(e[1])
-    elif e[0] in ("sum", "max"):
+    elif e[0] in REDUCTIONS:
         out = getattr(to_egg(e[2], memo), e[0])(e[1])
     else:
         kids = [to_egg(k, memo) for k in e[1:]]
-        out = getattr(kids[0], e[0])(*kids[1:])
+        out = _OPERATORS[e[0]](*kids) if e[0] in _OPERATORS else getattr(kids[0], e[0])(*kids[1:])
     memo[e] = out
     return out
 
@@ -312,7 +322,11 @@ class Oracle:
     the children's classes determine the node). This answers what `check_bool(expr)` answers on
     the same e-graph, in microseconds instead of a solver round trip per query."""
 
-    def __init__(self, program: Program, iterations: int = 12, node_limit: int = 20_000) -> None:
+    def __init__(self, program: Program, iterations: int = 12, node_limit: int = 20_000,
+                 forms: Sequence[Program] = ()) -> None:
+        """`forms`: programs the search claims equal to `program` (same inputs and outputs), each
+        output taken as one more form of the target's: the search may then build their values.
+        Admission only: a candidate is proved against `program`, so a wrong form is refused there."""
         t0 = time.perf_counter()
         values = abstract_program(program)
         # Not kept: egglog's e-graph may only be dropped by the thread that made it (`dropped_here`),
@@ -322,6 +336,12 @@ class Oracle:
         with dropped_here() as egraph:
             for i, e in enumerate(outputs):
                 egraph.let(f"target{i}", to_egg(e))
+            for form in forms:
+                other = abstract_program(form)
+                if [other[o][1] for o in form.outputs] == [values[o][1] for o in program.outputs] and \
+                        all(other.get(n.id, (None, None))[1] == values[n.id][1] for n in program.inputs):
+                    egraph.register(*(union_of(to_egg(e)).with_(to_egg(other[o][0]))
+                                      for e, o in zip(outputs, form.outputs, strict=True)))
             if facts := _free_leaves(program):
                 egraph.register(*facts)
             it, saturated = 0, False
@@ -347,7 +367,7 @@ class Oracle:
             return self._classes[e]
         if e[0] in ("inp", "c", "k"):
             key: tuple[Any, ...] = e
-        elif e[0] in ("sum", "max"):
+        elif e[0] in REDUCTIONS:
             key = (e[0], self.class_of(e[2]), e[1])
         else:
             key = (e[0], *(self.class_of(k) for k in e[1:]))
@@ -398,7 +418,7 @@ def _hashcons(egraph: EGraph) -> dict[tuple[Any, ...], str]:
 
     table: dict[tuple[Any, ...], str] = {}
     for node_id, node in nodes.items():
-        op = node["op"].rsplit(".", 1)[-1]
+        op = _SPELLED.get(node["op"]) or node["op"].rsplit(".", 1)[-1]
         if not node_id.startswith("primitive-") and op != "free":  # facts, not values
             table[(op, *(argument(c) for c in node["children"]))] = node["eclass"]
     return table

@@ -23,9 +23,10 @@ from collections.abc import Mapping
 from typing import Any
 
 from superopt.object_cache import BoundedDict
+from superopt.ops import Op
 
 Dims = frozenset[int]
-REDUCTIONS = ("sum", "max")
+REDUCTIONS = (Op.SUM, Op.MAX)
 CLOSURES = 1 << 14  # closures kept (a long search asks of many sets of inputs)
 
 
@@ -92,14 +93,14 @@ class Reach:
         `sums[(c, X)]` (the sum distributed over an add, moved inside a quotient, reordered under
         another sum), and a negation of a term of class X in the class it negates."""
         classes = list(self._reps)
-        reduced = sorted({key[2] for key in self._nodes if key[0] == "sum"})
+        reduced = sorted({key[2] for key in self._nodes if key[0] == Op.SUM})
         sums: dict[tuple[int, str], set[str]] = {(c, x): set() for c in reduced for x in classes}
         changed = True
         while changed:  # least fixpoint: terms are finite even where the e-graph has cycles
             changed = False
             for (c, x), found in sums.items():
                 new = set(found)
-                if (hit := self._nodes.get(("sum", x, c))) is not None:
+                if (hit := self._nodes.get((Op.SUM, x, c))) is not None:
                     new.add(hit)
                 if x == self._const:
                     new.add(x)
@@ -109,29 +110,29 @@ class Reach:
                     sums[(c, x)] = new
                     changed = True
         edges: list[tuple[str, str, int | None]] = [(x, y, c) for (c, x), found in sums.items() for y in found]
-        edges += [(x, rep[1], None) for x in classes for rep in self._reps[x] if rep[0] == "neg"]
+        edges += [(x, rep[1], None) for x in classes for rep in self._reps[x] if rep[0] == Op.NEG]
         return edges
 
     def _sum_of(self, rep: tuple[Any, ...], c: int, x: str, sums: Mapping[tuple[int, str], set[str]]) -> set[str]:
         """The classes `mk("sum", c, term)` may give for a term whose top e-node is `rep`."""
         out: set[str] = set()
-        if rep[0] == "add":
+        if rep[0] == Op.ADD:
             for a in sums[(c, rep[1])]:
                 for b in sums[(c, rep[2])]:
                     if a == b == self._const:
                         out.add(a)  # mk folds an add of constants
-                    if (hit := self._nodes.get(("add", a, b))) is not None:
+                    if (hit := self._nodes.get((Op.ADD, a, b))) is not None:
                         out.add(hit)
-        elif rep[0] == "div":
+        elif rep[0] == Op.DIV:
             for a in sums[(c, rep[1])]:
                 if rep[2] == self._const:
                     out.add(a)  # mk drops a division by the constant atom
-                if (hit := self._nodes.get(("div", a, rep[2]))) is not None:
+                if (hit := self._nodes.get((Op.DIV, a, rep[2]))) is not None:
                     out.add(hit)
-        elif rep[0] == "sum" and rep[2] == c:
+        elif rep[0] == Op.SUM and rep[2] == c:
             out.add(x)
-        elif rep[0] == "sum" and rep[2] < c:
+        elif rep[0] == Op.SUM and rep[2] < c:
             for b in sums[(c, rep[1])]:
-                if (hit := self._nodes.get(("sum", b, rep[2]))) is not None:
+                if (hit := self._nodes.get((Op.SUM, b, rep[2]))) is not None:
                     out.add(hit)
         return out

@@ -2,29 +2,33 @@
 
 No rule mentions a size, but every sum, mean and matmul names the extent it reduces (`n`, `m`):
 a sum of a term constant along its dim is the term times that extent, so a rule that dropped or
-moved an extent would be true only where two extents are equal. Side conditions are about dims
-(`d != d2`, `d <= -3`) and about axes: `indep(E, a)` (E does not depend on axis a; derived
-syntactically in the e-graph) and `a != b`. Rules move layout operators outward (from the inputs
-where the lowering puts them toward the accumulators and outputs where they cancel), so
-saturation stays small.
+moved an extent would be true only where two extents are equal. Rules are written with the
+operators of `terms` (`(A / S.bcast(-1)).matmul(B, n)` is `A / S` broadcast along the last dim,
+times B, contracting an extent n), so each reads as the identity it states. Side conditions are
+typed: about dims (`Ne(d, d2)`, `Lt(d, d2)`, `Le(d, -3)`) and about axes: `Indep(E, a)` (E does
+not depend on axis a; derived syntactically in the e-graph) and `Ne(a, b)`. Rules move layout
+operators outward (from the inputs where the lowering puts them toward the accumulators and
+outputs where they cancel), so saturation stays small.
 
 `example(rng)` builds concrete bindings for a rule (tensors of random sizes, axes of pairwise
 distinct sizes, the extents of the dims it reduces, operands constant along a dim wherever the rule
 allows a broadcast, tile families that depend on an axis wherever the rule allows it); the test
-suite evaluates both sides in float64 on several of them (`superopt.verifier.term_eval`) before any proof is trusted.
+suite evaluates both sides in float64 on several of them (`superopt.verifier.term_eval`) before
+any proof is trusted.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import operator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from superopt.primitives import Algebra, apply
+from superopt.ops import Op
 from superopt.verifier import terms as t
 from superopt.verifier.term_eval import Bindings, TensorValue
-from superopt.verifier.terms import AxisVar, ConstVar, DimVar, ExtVar, PermVar, Term, Var
+from superopt.verifier.terms import AxisVar, ConstVar, DimVar, ExtVar, Operand, PermVar, Term, Var
 
 A, B, E, S = Var("A"), Var("B"), Var("E"), Var("S")
 d, d2 = DimVar("d"), DimVar("d2")
@@ -33,9 +37,56 @@ a, b = AxisVar("a"), AxisVar("b")
 c = ConstVar("c")
 p = PermVar("p")
 
-# A side condition: ("indep", tensor var, axis var) | ("ne_dim", d, d2) | ("le_dim", d, int)
-# | ("ne_axis", a, b) | ("lt_dim", d, d2)
-Cond = tuple[str, object, object]
+OPERATOR: dict[str, Callable[[Operand, Operand], Term]] = {
+    Op.ADD: operator.add, Op.SUB: operator.sub, Op.MUL: operator.mul, Op.DIV: operator.truediv,
+}  # an elementwise binary op by name, for rules stated once per op
+
+
+@dataclass(frozen=True)
+class Ne:
+    """x != y: two dims, or two axes."""
+
+    x: DimVar | AxisVar
+    y: DimVar | AxisVar
+
+    def __str__(self) -> str:
+        return f"{self.x} != {self.y}"
+
+
+@dataclass(frozen=True)
+class Lt:
+    """Dim x is left of dim y (dims count from the end: -3 < -2)."""
+
+    x: DimVar
+    y: DimVar
+
+    def __str__(self) -> str:
+        return f"{self.x} < {self.y}"
+
+
+@dataclass(frozen=True)
+class Le:
+    """Dim x is at or left of the k-th dim from the end."""
+
+    x: DimVar
+    k: int
+
+    def __str__(self) -> str:
+        return f"{self.x} <= {self.k}"
+
+
+@dataclass(frozen=True)
+class Indep:
+    """Tensor e does not depend on axis a (derived syntactically in the e-graph)."""
+
+    e: Var
+    a: AxisVar
+
+    def __str__(self) -> str:
+        return f"indep({self.e}, {self.a})"
+
+
+Cond = Ne | Lt | Le | Indep
 
 
 @dataclass(frozen=True)
@@ -317,77 +368,20 @@ def _ex_comm(rng: np.random.Generator) -> Bindings:
 
 def _binary_rules() -> list[Rule]:
     out: list[Rule] = []
-    for op in t.ELEMENTWISE_BINARY:
-        out.append(Rule(f"part-{op}", t.binary(op, t.part(A, d, a), t.part(B, d, a)), t.part(t.binary(op, A, B), d, a),
+    for op, f in OPERATOR.items():
+        out.append(Rule(f"part-{op}", f(A.part(d, a), B.part(d, a)), f(A, B).part(d, a),
                         example=_ex_binary_parts, free=("a",)))
-        out.append(Rule(f"part-{op}-bcast-right", t.binary(op, t.part(A, d, a), t.bcast(B, d)),
-                        t.part(t.binary(op, A, t.bcast(B, d)), d, a), example=_ex_binary_bcast, free=("a",)))
-        out.append(Rule(f"part-{op}-const-right", t.binary(op, t.part(A, d, a), t.const(c)),
-                        t.part(t.binary(op, A, t.const(c)), d, a), example=_ex_binary_const, free=("a",)))
-        if op in ("sub", "div"):  # add and mul reach the left-hand forms by commutativity
-            out.append(Rule(f"part-{op}-bcast-left", t.binary(op, t.bcast(B, d), t.part(A, d, a)),
-                            t.part(t.binary(op, t.bcast(B, d), A), d, a), example=_ex_binary_bcast, free=("a",)))
-            out.append(Rule(f"part-{op}-const-left", t.binary(op, t.const(c), t.part(A, d, a)),
-                            t.part(t.binary(op, t.const(c), A), d, a), example=_ex_binary_const, free=("a",)))
+        out.append(Rule(f"part-{op}-bcast-right", f(A.part(d, a), B.bcast(d)), f(A, B.bcast(d)).part(d, a),
+                        example=_ex_binary_bcast, free=("a",)))
+        out.append(Rule(f"part-{op}-const-right", f(A.part(d, a), c), f(A, c).part(d, a),
+                        example=_ex_binary_const, free=("a",)))
+        if op in (Op.SUB, Op.DIV):  # add and mul reach the left-hand forms by commutativity
+            out.append(Rule(f"part-{op}-bcast-left", f(B.bcast(d), A.part(d, a)), f(B.bcast(d), A).part(d, a),
+                            example=_ex_binary_bcast, free=("a",)))
+            out.append(Rule(f"part-{op}-const-left", f(c, A.part(d, a)), f(c, A).part(d, a),
+                            example=_ex_binary_const, free=("a",)))
     return out
 
-
-class _Elementwise(Algebra[Term]):
-    """Terms of the elementwise primitives, as the lowering writes them for a tile's operands of
-    one shape (constants broadcast implicitly): `composite` spells a composite op out with it."""
-
-    def const(self, value: float) -> Term:
-        return t.const(value)
-
-    def add(self, a: Term, b: Term) -> Term:
-        return t.binary("add", a, b)
-
-    def sub(self, a: Term, b: Term) -> Term:
-        return t.binary("sub", a, b)
-
-    def mul(self, a: Term, b: Term) -> Term:
-        return t.binary("mul", a, b)
-
-    def div(self, a: Term, b: Term) -> Term:
-        return t.binary("div", a, b)
-
-    def neg(self, a: Term) -> Term:
-        return t.unary("neg", a)
-
-    def exp(self, a: Term) -> Term:
-        return t.unary("exp", a)
-
-    def sqrt(self, a: Term) -> Term:
-        return t.unary("sqrt", a)
-
-    def relu(self, a: Term) -> Term:
-        return t.unary("relu", a)
-
-    def sum(self, a: Term, dim: int, keepdim: bool) -> Term:
-        raise ValueError("a composite of elementwise primitives reduces nothing")
-
-    def max(self, a: Term, dim: int, keepdim: bool) -> Term:
-        raise ValueError("a composite of elementwise primitives reduces nothing")
-
-    def matmul(self, a: Term, b: Term) -> Term:
-        raise ValueError("a composite of elementwise primitives multiplies no matrices")
-
-    def transpose(self, a: Term, perm: Sequence[int]) -> Term:
-        raise ValueError("a composite of elementwise primitives moves no dims")
-
-    def reshape(self, a: Term, shape: Sequence[int]) -> Term:
-        raise ValueError("a composite of elementwise primitives moves no dims")
-
-
-def composite(op: str, x: Term) -> Term:
-    """A one-operand elementwise composite (sigmoid, silu, gelu) of x, in primitives."""
-    return apply(_Elementwise(), op, [x], {}, [])
-
-
-# One-operand elementwise composites: a part moves out of each in one step, not one per primitive
-# (gelu has ten). A chain of activations is one kernel's work; the prover's iterations bound the
-# depth it can move a part through, and sixteen ops of a chain spelled out took more than forty.
-COMPOSITES = ("sigmoid", "silu", "gelu")
 
 
 def _ex_transposed(rng: np.random.Generator) -> Bindings:
@@ -400,175 +394,148 @@ def _ex_transposed(rng: np.random.Generator) -> Bindings:
 def _transpose_rules() -> list[Rule]:
     """Elementwise ops of transposed operands are the transpose of the op (a kernel may compute
     the op and leave the transpose to a view of its output)."""
-    out = [Rule(f"transpose-{op}", t.unary(op, t.transpose(A, p)), t.transpose(t.unary(op, A), p), (),
-                _ex_transposed) for op in t.ELEMENTWISE_UNARY]
-    for op in t.ELEMENTWISE_BINARY:
-        out.append(Rule(f"transpose-{op}", t.binary(op, t.transpose(A, p), t.transpose(B, p)),
-                        t.transpose(t.binary(op, A, B), p), (), _ex_transposed))
-        out.append(Rule(f"transpose-{op}-const-right", t.binary(op, t.transpose(A, p), t.const(c)),
-                        t.transpose(t.binary(op, A, t.const(c)), p), (), _ex_transposed))
-        if op in ("sub", "div"):  # add and mul reach the left-hand form by commutativity
-            out.append(Rule(f"transpose-{op}-const-left", t.binary(op, t.const(c), t.transpose(A, p)),
-                            t.transpose(t.binary(op, t.const(c), A), p), (), _ex_transposed))
+    out = [Rule(f"transpose-{op}", A.transpose(p).apply(op), A.apply(op).transpose(p), (), _ex_transposed)
+           for op in t.ELEMENTWISE_UNARY]
+    for op, f in OPERATOR.items():
+        out.append(Rule(f"transpose-{op}", f(A.transpose(p), B.transpose(p)), f(A, B).transpose(p), (),
+                        _ex_transposed))
+        out.append(Rule(f"transpose-{op}-const-right", f(A.transpose(p), c), f(A, c).transpose(p), (),
+                        _ex_transposed))
+        if op in (Op.SUB, Op.DIV):  # add and mul reach the left-hand form by commutativity
+            out.append(Rule(f"transpose-{op}-const-left", f(c, A.transpose(p)), f(c, A).transpose(p), (),
+                            _ex_transposed))
     return out
+
 
 
 RULES: list[Rule] = [
     # -- layout -----------------------------------------------------------------------------
-    Rule("part-commute", t.part(t.part(E, d, a), d2, b), t.part(t.part(E, d2, b), d, a), (("ne_dim", d, d2),),
-         _ex_part_commute, ("a", "b")),
-    Rule("cat-of-parts", t.cat_over(t.part(E, d, a), d, a), E, (("indep", E, a),), _ex_cat_part),
-    Rule("part-of-cat", t.part(t.cat_over(E, d, a), d, a), E, (), _ex_part_cat, ("a",)),
-    Rule("cat-commute", t.cat_over(t.cat_over(E, d, a), d2, b), t.cat_over(t.cat_over(E, d2, b), d, a),
-         (("ne_dim", d, d2), ("ne_axis", a, b)), _ex_cat_commute),
-    Rule("bcast-commute", t.bcast(t.bcast(E, d), d2), t.bcast(t.bcast(E, d2), d), (("ne_dim", d, d2),),
-         _ex_bcast_commute),
-    Rule("part-bcast-other", t.bcast(t.part(E, d, a), d2), t.part(t.bcast(E, d2), d, a), (("ne_dim", d, d2),),
-         _ex_bcast_other, ("a",)),
-    Rule("part-squeeze-after", t.squeeze(t.part(E, d, a), d2), t.part(t.squeeze(E, d2), d, a), (("lt_dim", d2, d),),
+    Rule("part-commute", E.part(d, a).part(d2, b), E.part(d2, b).part(d, a), (Ne(d, d2),), _ex_part_commute,
+         ("a", "b")),
+    Rule("cat-of-parts", E.part(d, a).cat_over(d, a), E, (Indep(E, a),), _ex_cat_part),
+    Rule("part-of-cat", E.cat_over(d, a).part(d, a), E, (), _ex_part_cat, ("a",)),
+    Rule("cat-commute", E.cat_over(d, a).cat_over(d2, b), E.cat_over(d2, b).cat_over(d, a), (Ne(d, d2), Ne(a, b)),
+         _ex_cat_commute),
+    Rule("bcast-commute", E.bcast(d).bcast(d2), E.bcast(d2).bcast(d), (Ne(d, d2),), _ex_bcast_commute),
+    Rule("part-bcast-other", E.part(d, a).bcast(d2), E.bcast(d2).part(d, a), (Ne(d, d2),), _ex_bcast_other, ("a",)),
+    Rule("part-squeeze-after", E.part(d, a).squeeze(d2), E.squeeze(d2).part(d, a), (Lt(d2, d),),
          _ex_squeeze(before=False), ("a",)),
-    Rule("part-squeeze-before", t.squeeze(t.part(E, d, a), d2), t.part(t.squeeze(E, d2), DimVar("d", 1), a),
-         (("lt_dim", d, d2),), _ex_squeeze(before=True), ("a",)),
+    Rule("part-squeeze-before", E.part(d, a).squeeze(d2), E.squeeze(d2).part(d + 1, a), (Lt(d, d2),),
+         _ex_squeeze(before=True), ("a",)),
     # -- elementwise ops move tile maps outward -------------------------------------------------
     *_binary_rules(),
-    *[Rule(f"part-{op}", t.unary(op, t.part(A, d, a)), t.part(t.unary(op, A), d, a), (), _ex_unary, ("a",))
-      for op in t.ELEMENTWISE_UNARY],
-    *[Rule(f"part-{op}", composite(op, t.part(A, d, a)), t.part(composite(op, A), d, a), (), _ex_unary, ("a",))
-      for op in COMPOSITES],
-    *[Rule(f"part-{op}-other-dim", t.reduce(op, t.part(E, d, a), d2, n), t.part(t.reduce(op, E, d2, n), d, a),
-           (("ne_dim", d, d2),), _ex_reduce_other, ("a",)) for op in t.REDUCTIONS],
+    # a composite is one symbol (`terms.COMPOSITES`): a part moves out of it in one step, not one
+    # per primitive of its definition (gelu has ten)
+    *[Rule(f"part-{op}", A.part(d, a).apply(op), A.apply(op).part(d, a), (), _ex_unary, ("a",))
+      for op in (*t.ELEMENTWISE_UNARY, *t.COMPOSITES)],
+    *[Rule(f"part-{op}-other-dim", E.part(d, a).reduce(op, d2, n), E.reduce(op, d2, n).part(d, a), (Ne(d, d2),),
+           _ex_reduce_other, ("a",)) for op in t.REDUCTIONS],
     *_transpose_rules(),
     # -- matmul -----------------------------------------------------------------------------
-    Rule("matmul-rows", t.matmul(t.part(A, -2, a), B, n), t.part(t.matmul(A, B, n), -2, a), (), _ex_matmul("rows"),
-         ("a",)),
-    Rule("matmul-cols", t.matmul(A, t.part(B, -1, a), n), t.part(t.matmul(A, B, n), -1, a), (), _ex_matmul("cols"),
-         ("a",)),
-    Rule("matmul-batch", t.matmul(t.part(A, d, a), t.part(B, d, a), n), t.part(t.matmul(A, B, n), d, a),
-         (("le_dim", d, -3),), _ex_matmul("batch"), ("a",)),
-    Rule("matmul-contract", t.sum_over(t.matmul(t.part(A, -1, a), t.part(B, -2, a), t.per(n, a)), a),
-         t.matmul(A, B, n), (("indep", A, a), ("indep", B, a)), _ex_matmul("contract")),
-    Rule("matmul-row-scale-div", t.matmul(t.binary("div", A, t.bcast(S, -1)), B, n),
-         t.binary("div", t.matmul(A, B, n), t.bcast(S, -1)), (), _ex_row_scale),
-    Rule("matmul-const-left", t.matmul(t.binary("mul", A, t.const(c)), B, n),
-         t.binary("mul", t.matmul(A, B, n), t.const(c)), (), _ex_const_scale),
-    Rule("matmul-const-right", t.matmul(A, t.binary("mul", B, t.const(c)), n),
-         t.binary("mul", t.matmul(A, B, n), t.const(c)), (), _ex_const_scale),
-    Rule("matmul-row-scale-mul", t.matmul(t.binary("mul", A, t.bcast(S, -1)), B, n),
-         t.binary("mul", t.matmul(A, B, n), t.bcast(S, -1)), (), _ex_row_scale),
+    Rule("matmul-rows", A.part(-2, a).matmul(B, n), A.matmul(B, n).part(-2, a), (), _ex_matmul("rows"), ("a",)),
+    Rule("matmul-cols", A.matmul(B.part(-1, a), n), A.matmul(B, n).part(-1, a), (), _ex_matmul("cols"), ("a",)),
+    Rule("matmul-batch", A.part(d, a).matmul(B.part(d, a), n), A.matmul(B, n).part(d, a), (Le(d, -3),),
+         _ex_matmul("batch"), ("a",)),
+    Rule("matmul-contract", A.part(-1, a).matmul(B.part(-2, a), t.per(n, a)).sum_over(a), A.matmul(B, n),
+         (Indep(A, a), Indep(B, a)), _ex_matmul("contract")),
+    Rule("matmul-row-scale-div", (A / S.bcast(-1)).matmul(B, n), A.matmul(B, n) / S.bcast(-1), (), _ex_row_scale),
+    Rule("matmul-const-left", (A * c).matmul(B, n), A.matmul(B, n) * c, (), _ex_const_scale),
+    Rule("matmul-const-right", A.matmul(B * c, n), A.matmul(B, n) * c, (), _ex_const_scale),
+    Rule("matmul-row-scale-mul", (A * S.bcast(-1)).matmul(B, n), A.matmul(B, n) * S.bcast(-1), (), _ex_row_scale),
     # products regroup and distribute over sums: X @ (A @ B) is (X @ A) @ B, a low-rank update
     # X @ (W + A @ B) is X @ W + (X @ A) @ B; each product keeps the extent it contracts
-    Rule("matmul-assoc", t.matmul(t.matmul(A, B, n), S, m), t.matmul(A, t.matmul(B, S, m), n), (),
-         _ex_matmul_chain),
-    Rule("matmul-distribute-right", t.matmul(A, t.binary("add", B, S), n),
-         t.binary("add", t.matmul(A, B, n), t.matmul(A, S, n)), (), _ex_matmul_sum("right")),
-    Rule("matmul-distribute-left", t.matmul(t.binary("add", B, S), A, n),
-         t.binary("add", t.matmul(B, A, n), t.matmul(S, A, n)), (), _ex_matmul_sum("left")),
+    Rule("matmul-assoc", A.matmul(B, n).matmul(S, m), A.matmul(B.matmul(S, m), n), (), _ex_matmul_chain),
+    Rule("matmul-distribute-right", A.matmul(B + S, n), A.matmul(B, n) + A.matmul(S, n), (),
+         _ex_matmul_sum("right")),
+    Rule("matmul-distribute-left", (B + S).matmul(A, n), B.matmul(A, n) + S.matmul(A, n), (),
+         _ex_matmul_sum("left")),
     # -- reductions over an axis --------------------------------------------------------------
-    Rule("sum-over-tile-sums", t.sum_over(t.reduce("sum", t.part(E, d, a), d, t.per(n, a)), a),
-         t.reduce("sum", E, d, n), (("indep", E, a),), _ex_over_reduce),
-    Rule("mean-over-tile-means", t.mean_over(t.reduce("mean", t.part(E, d, a), d, t.per(n, a)), a),
-         t.reduce("mean", E, d, n), (("indep", E, a),), _ex_over_reduce),
-    Rule("sum-over-part-other", t.sum_over(t.part(E, d, b), a), t.part(t.sum_over(E, a), d, b), (("ne_axis", a, b),),
+    Rule("sum-over-tile-sums", E.part(d, a).sum(d, t.per(n, a)).sum_over(a), E.sum(d, n), (Indep(E, a),),
+         _ex_over_reduce),
+    Rule("mean-over-tile-means", E.part(d, a).mean(d, t.per(n, a)).mean_over(a), E.mean(d, n), (Indep(E, a),),
+         _ex_over_reduce),
+    Rule("sum-over-part-other", E.part(d, b).sum_over(a), E.sum_over(a).part(d, b), (Ne(a, b),), _ex_over_part_other,
+         ("b",)),
+    Rule("mean-over-part-other", E.part(d, b).mean_over(a), E.mean_over(a).part(d, b), (Ne(a, b),),
          _ex_over_part_other, ("b",)),
-    Rule("mean-over-part-other", t.mean_over(t.part(E, d, b), a), t.part(t.mean_over(E, a), d, b),
-         (("ne_axis", a, b),), _ex_over_part_other, ("b",)),
-    Rule("sum-over-add", t.sum_over(t.binary("add", A, B), a), t.binary("add", t.sum_over(A, a), t.sum_over(B, a)),
-         (), _ex_over_add),
-    Rule("sum-over-matmul-left", t.sum_over(t.matmul(A, B, n), a), t.matmul(t.sum_over(A, a), B, n),
-         (("indep", B, a),),
+    Rule("sum-over-add", (A + B).sum_over(a), A.sum_over(a) + B.sum_over(a), (), _ex_over_add),
+    Rule("sum-over-matmul-left", A.matmul(B, n).sum_over(a), A.sum_over(a).matmul(B, n), (Indep(B, a),),
          _ex_over_linear("left")),
-    Rule("sum-over-matmul-right", t.sum_over(t.matmul(A, B, n), a), t.matmul(A, t.sum_over(B, a), n),
-         (("indep", A, a),),
+    Rule("sum-over-matmul-right", A.matmul(B, n).sum_over(a), A.matmul(B.sum_over(a), n), (Indep(A, a),),
          _ex_over_linear("right")),
     # a sum or mean of a product's columns (rows) is the product with the right operand's columns
     # (the left operand's rows) summed first: a matrix-vector product instead of the matmul
-    *[Rule(f"{op}-of-matmul-cols", t.reduce(op, t.matmul(A, B, n), -1, m), t.matmul(A, t.reduce(op, B, -1, m), n),
-           (), _ex_matmul_reduced(-1)) for op in ("sum", "mean")],
-    *[Rule(f"{op}-of-matmul-rows", t.reduce(op, t.matmul(A, B, n), -2, m), t.matmul(t.reduce(op, A, -2, m), B, n),
-           (), _ex_matmul_reduced(-2)) for op in ("sum", "mean")],
-    Rule("sum-over-scale", t.sum_over(t.binary("mul", A, B), a), t.binary("mul", t.sum_over(A, a), B),
-         (("indep", B, a),), _ex_over_linear("scale")),
-    Rule("sum-over-divide", t.sum_over(t.binary("div", A, B), a), t.binary("div", t.sum_over(A, a), B),
-         (("indep", B, a),), _ex_over_linear("divide")),
-    Rule("mean-over-invariant", t.mean_over(E, a), E, (("indep", E, a),), _ex_indep),
+    *[Rule(f"{op}-of-matmul-cols", A.matmul(B, n).reduce(op, -1, m), A.matmul(B.reduce(op, -1, m), n), (),
+           _ex_matmul_reduced(-1)) for op in (Op.SUM, Op.MEAN)],
+    *[Rule(f"{op}-of-matmul-rows", A.matmul(B, n).reduce(op, -2, m), A.reduce(op, -2, m).matmul(B, n), (),
+           _ex_matmul_reduced(-2)) for op in (Op.SUM, Op.MEAN)],
+    Rule("sum-over-scale", (A * B).sum_over(a), A.sum_over(a) * B, (Indep(B, a),), _ex_over_linear("scale")),
+    Rule("sum-over-divide", (A / B).sum_over(a), A.sum_over(a) / B, (Indep(B, a),), _ex_over_linear("divide")),
+    Rule("mean-over-invariant", E.mean_over(a), E, (Indep(E, a),), _ex_indep),
     # a sum or mean over loop iterations commutes with a sum or mean over a dim, and a squeeze
     # (a one-block kernel walking X's rows sums each iteration's column sums: sum(sum(X)))
-    *[Rule(f"{over}-{op}", getattr(t, over)(t.reduce(op, E, d, n), a), t.reduce(op, getattr(t, over)(E, a), d, n), (),
-           _ex_over_dim(unit=False)) for over in ("sum_over", "mean_over") for op in ("sum", "mean")],
-    *[Rule(f"{over}-squeeze", getattr(t, over)(t.squeeze(E, d), a), t.squeeze(getattr(t, over)(E, a), d), (),
-           _ex_over_dim(unit=True)) for over in ("sum_over", "mean_over")],
+    *[Rule(f"{over}-{op}", E.reduce(op, d, n).over(over, a), E.over(over, a).reduce(op, d, n), (),
+           _ex_over_dim(unit=False)) for over in ("sum_over", "mean_over") for op in (Op.SUM, Op.MEAN)],
+    *[Rule(f"{over}-squeeze", E.squeeze(d).over(over, a), E.over(over, a).squeeze(d), (), _ex_over_dim(unit=True))
+      for over in ("sum_over", "mean_over")],
     # -- signs move outward: a schedule may negate before or after a linear op ------------------
-    Rule("neg-neg", t.unary("neg", t.unary("neg", A)), A, (), _ex_comm),
-    Rule("matmul-neg-left", t.matmul(t.unary("neg", A), B, n), t.unary("neg", t.matmul(A, B, n)), (), _ex_row_scale),
-    Rule("matmul-neg-right", t.matmul(A, t.unary("neg", B), n), t.unary("neg", t.matmul(A, B, n)), (),
-         _ex_row_scale),
-    *[Rule(f"{op}-neg-left", t.binary(op, t.unary("neg", A), B), t.unary("neg", t.binary(op, A, B)), (), _ex_comm)
-      for op in ("mul", "div")],
-    *[Rule(f"{op}-neg", t.reduce(op, t.unary("neg", E), d, n), t.unary("neg", t.reduce(op, E, d, n)), (),
-           _ex_over_reduce)
-      for op in ("sum", "mean")],
-    Rule("sub-swap", t.binary("sub", A, B), t.unary("neg", t.binary("sub", B, A)), (), _ex_comm),
-    Rule("sum-over-neg", t.sum_over(t.unary("neg", A), a), t.unary("neg", t.sum_over(A, a)), (), _ex_over_add),
-    Rule("mean-over-neg", t.mean_over(t.unary("neg", A), a), t.unary("neg", t.mean_over(A, a)), (), _ex_over_add),
+    Rule("neg-neg", -(-A), A, (), _ex_comm),  # noqa: B002 (a negation negated, not a decrement)
+    Rule("matmul-neg-left", (-A).matmul(B, n), -(A.matmul(B, n)), (), _ex_row_scale),
+    Rule("matmul-neg-right", A.matmul(-B, n), -(A.matmul(B, n)), (), _ex_row_scale),
+    *[Rule(f"{op}-neg-left", OPERATOR[op](-A, B), -OPERATOR[op](A, B), (), _ex_comm) for op in (Op.MUL, Op.DIV)],
+    *[Rule(f"{op}-neg", (-E).reduce(op, d, n), -(E.reduce(op, d, n)), (), _ex_over_reduce) for op in (Op.SUM, Op.MEAN)],
+    Rule("sub-swap", A - B, -(B - A), (), _ex_comm),
+    Rule("sum-over-neg", (-A).sum_over(a), -(A.sum_over(a)), (), _ex_over_add),
+    Rule("mean-over-neg", (-A).mean_over(a), -(A.mean_over(a)), (), _ex_over_add),
     # -- algebra ------------------------------------------------------------------------------
     # sums and means over dims are linear: they commute (a kernel may reduce the columns first)
     # and distribute over + and - (sum(X + Y) as sum(X) + sum(Y)); exp(A + B) is exp(A) exp(B).
     # The oracle admits all of these, so the search builds such schedules.
-    *[Rule(f"{inner}-{outer}-commute", t.reduce(outer, t.reduce(inner, E, d, n), d2, m),
-           t.reduce(inner, t.reduce(outer, E, d2, m), d, n), (("ne_dim", d, d2),), _ex_two_dims)
-      for inner in ("sum", "mean") for outer in ("sum", "mean")],
-    *[Rule(f"{op}-of-{bop}", t.reduce(op, t.binary(bop, A, B), d, n),
-           t.binary(bop, t.reduce(op, A, d, n), t.reduce(op, B, d, n)), (), _ex_same_shape)
-      for op in ("sum", "mean") for bop in ("add", "sub")],
+    *[Rule(f"{inner}-{outer}-commute", E.reduce(inner, d, n).reduce(outer, d2, m),
+           E.reduce(outer, d2, m).reduce(inner, d, n), (Ne(d, d2),), _ex_two_dims)
+      for inner in (Op.SUM, Op.MEAN) for outer in (Op.SUM, Op.MEAN)],
+    *[Rule(f"{op}-of-{bop}", OPERATOR[bop](A, B).reduce(op, d, n),
+           OPERATOR[bop](A.reduce(op, d, n), B.reduce(op, d, n)), (), _ex_same_shape)
+      for op in (Op.SUM, Op.MEAN) for bop in (Op.ADD, Op.SUB)],
     # a term constant along the reduced dim (a constant, a broadcast) is its own mean, whatever
     # the extent (its sum would be it times the extent: no schedule needs that rule yet)
-    Rule("mean-of-const", t.reduce("mean", t.const(c), d, n), t.const(c), (), _ex_constant_along),
-    Rule("mean-of-bcast", t.reduce("mean", t.bcast(S, d), d, n), S, (), _ex_constant_along),
+    Rule("mean-of-const", t.const(c).mean(d, n), t.const(c), (), _ex_constant_along),
+    Rule("mean-of-bcast", S.bcast(d).mean(d, n), S, (), _ex_constant_along),
     # a scale broadcast along the reduced dim comes out of the reduction (the sum of a normalized
     # row is the row's sum over its norm)
-    *[Rule(f"{op}-of-{bop}-by-bcast", t.reduce(op, t.binary(bop, A, t.bcast(S, d)), d, n),
-           t.binary(bop, t.reduce(op, A, d, n), S), (), _ex_reduced_scale)
-      for op in ("sum", "mean") for bop in ("mul", "div")],
-    Rule("exp-of-add", t.unary("exp", t.binary("add", A, B)), t.binary("mul", t.unary("exp", A), t.unary("exp", B)),
-         (), _ex_same_shape),
-    Rule("exp-of-sub", t.unary("exp", t.binary("sub", A, B)), t.binary("div", t.unary("exp", A), t.unary("exp", B)),
-         (), _ex_same_shape),
+    *[Rule(f"{op}-of-{bop}-by-bcast", OPERATOR[bop](A, S.bcast(d)).reduce(op, d, n),
+           OPERATOR[bop](A.reduce(op, d, n), S), (), _ex_reduced_scale)
+      for op in (Op.SUM, Op.MEAN) for bop in (Op.MUL, Op.DIV)],
+    Rule("exp-of-add", (A + B).exp(), A.exp() * B.exp(), (), _ex_same_shape),
+    Rule("exp-of-sub", (A - B).exp(), A.exp() / B.exp(), (), _ex_same_shape),
     # a quotient of two quotients by one exponential (never 0) is the quotient: a softmax whose
     # row maximum is subtracted from the exponent, and one where it is not
-    Rule("div-cancel-exp",
-         t.binary("div", t.binary("div", A, t.unary("exp", S)), t.binary("div", B, t.unary("exp", S))),
-         t.binary("div", A, B), (), _ex_field),
-    Rule("sub-as-add-neg", t.binary("sub", A, B), t.binary("add", A, t.unary("neg", B)), (), _ex_comm),
-    Rule("mul-one", t.binary("mul", A, t.const(1.0)), A, (), _ex_comm),
+    Rule("div-cancel-exp", (A / S.exp()) / (B / S.exp()), A / B, (), _ex_field),
+    Rule("sub-as-add-neg", A - B, A + -B, (), _ex_comm),
+    Rule("mul-one", A * 1.0, A, (), _ex_comm),
     # a sum or mean of a term scaled by a constant is the scaled sum or mean
-    *[Rule(f"{op}-of-{bop}-const", t.reduce(op, t.binary(bop, A, t.const(c)), d, n),
-           t.binary(bop, t.reduce(op, A, d, n), t.const(c)), (), _ex_scaled_reduction)
-      for op in ("sum", "mean") for bop in ("mul",)],
+    *[Rule(f"{op}-of-mul-const", (A * c).reduce(op, d, n), A.reduce(op, d, n) * c, (), _ex_scaled_reduction)
+      for op in (Op.SUM, Op.MEAN)],
     # a broadcast of an op is the op of broadcasts (1 / S broadcast along the columns is 1 over the
     # broadcast S: an rsqrt written as a quotient meets the norm it scales)
-    *[Rule(f"bcast-{op}", t.bcast(t.binary(op, A, B), d), t.binary(op, t.bcast(A, d), t.bcast(B, d)), (),
-           _ex_unit_pair) for op in ("add", "mul", "div")],
-    *[Rule(f"bcast-{op}-const-left", t.bcast(t.binary(op, t.const(c), A), d), t.binary(op, t.const(c), t.bcast(A, d)),
-           (), _ex_unit_pair) for op in ("add", "mul", "div")],
-    *[Rule(f"bcast-{op}-const-right", t.bcast(t.binary(op, A, t.const(c)), d), t.binary(op, t.bcast(A, d), t.const(c)),
-           (), _ex_unit_pair) for op in ("add", "mul")],
-    *[Rule(f"bcast-{op}", t.bcast(t.unary(op, A), d), t.unary(op, t.bcast(A, d)), (), _ex_unit_pair)
-      for op in ("neg", "exp", "sqrt")],
-    *[Rule(f"{op}-of-bcast", t.unary(op, t.bcast(A, d)), t.bcast(t.unary(op, A), d), (), _ex_unit_pair)
-      for op in ("neg", "exp", "sqrt")],
-    Rule("add-comm", t.binary("add", A, B), t.binary("add", B, A), (), _ex_comm),
-    Rule("mul-comm", t.binary("mul", A, B), t.binary("mul", B, A), (), _ex_comm),
-    Rule("mul-assoc", t.binary("mul", t.binary("mul", A, B), S), t.binary("mul", A, t.binary("mul", B, S)), (),
-         _ex_field),
+    *[Rule(f"bcast-{op}", OPERATOR[op](A, B).bcast(d), OPERATOR[op](A.bcast(d), B.bcast(d)), (), _ex_unit_pair)
+      for op in (Op.ADD, Op.MUL, Op.DIV)],
+    *[Rule(f"bcast-{op}-const-left", OPERATOR[op](c, A).bcast(d), OPERATOR[op](c, A.bcast(d)), (), _ex_unit_pair)
+      for op in (Op.ADD, Op.MUL, Op.DIV)],
+    *[Rule(f"bcast-{op}-const-right", OPERATOR[op](A, c).bcast(d), OPERATOR[op](A.bcast(d), c), (), _ex_unit_pair)
+      for op in (Op.ADD, Op.MUL)],
+    *[Rule(f"bcast-{op}", A.apply(op).bcast(d), A.bcast(d).apply(op), (), _ex_unit_pair)
+      for op in (Op.NEG, Op.EXP, Op.SQRT)],
+    *[Rule(f"{op}-of-bcast", A.bcast(d).apply(op), A.apply(op).bcast(d), (), _ex_unit_pair)
+      for op in (Op.NEG, Op.EXP, Op.SQRT)],
+    Rule("add-comm", A + B, B + A, (), _ex_comm),
+    Rule("mul-comm", A * B, B * A, (), _ex_comm),
+    Rule("mul-assoc", (A * B) * S, A * (B * S), (), _ex_field),
     # sums regroup too: (X + 2) - X is (X - X) + 2 (the oracle admits every grouping)
-    Rule("add-assoc", t.binary("add", t.binary("add", A, B), S), t.binary("add", A, t.binary("add", B, S)), (),
-         _ex_field),
-    Rule("sub-of-add", t.binary("sub", t.binary("add", A, B), S), t.binary("add", t.binary("sub", A, S), B), (),
-         _ex_field),
-    Rule("div-times", t.binary("mul", t.binary("div", A, B), S), t.binary("div", t.binary("mul", A, S), B), (),
-         _ex_field),
-    Rule("div-div", t.binary("div", t.binary("div", A, B), S), t.binary("div", A, t.binary("mul", B, S)), (),
-         _ex_field),
+    Rule("add-assoc", (A + B) + S, A + (B + S), (), _ex_field),
+    Rule("sub-of-add", (A + B) - S, (A - S) + B, (), _ex_field),
+    Rule("div-times", (A / B) * S, (A * S) / B, (), _ex_field),
+    Rule("div-div", (A / B) / S, A / (B * S), (), _ex_field),
 ]
 
 RULES_BY_NAME = {r.name: r for r in RULES}
@@ -592,23 +559,21 @@ def permutation_rules(perm: str) -> list[Rule]:
     out = []
     for i, src in enumerate(order):
         dim, from_dim = i - rank, src - rank
-        out += [Rule(f"transpose-{op}[{perm}]{dim}", t.reduce(op, t.transpose(A, perm), dim, n),
-                     t.transpose(t.reduce(op, A, from_dim, n), perm), (), _ex_permuted(order, None, reduced=src))
+        out += [Rule(f"transpose-{op}[{perm}]{dim}", A.transpose(perm).reduce(op, dim, n),
+                     A.reduce(op, from_dim, n).transpose(perm), (), _ex_permuted(order, None, reduced=src))
                 for op in t.REDUCTIONS]
-        out.append(Rule(f"transpose-bcast[{perm}]{dim}", t.bcast(t.transpose(A, perm), dim),
-                        t.transpose(t.bcast(A, from_dim), perm), (), _ex_permuted(order, src)))
-    out.append(Rule(f"transpose-inverse[{perm}]", t.transpose(t.transpose(A, inverse), perm), A, (),
+        out.append(Rule(f"transpose-bcast[{perm}]{dim}", A.transpose(perm).bcast(dim),
+                        A.bcast(from_dim).transpose(perm), (), _ex_permuted(order, src)))
+    out.append(Rule(f"transpose-inverse[{perm}]", A.transpose(inverse).transpose(perm), A, (),
                     _ex_permuted(order, None)))
     if rank >= 2 and order == [*range(rank - 2), rank - 1, rank - 2]:  # the last two dims swapped
-        out.append(Rule(f"transpose-matmul[{perm}]", t.matmul(t.transpose(B, perm), t.transpose(A, perm), n),
-                        t.transpose(t.matmul(A, B, n), perm), (), _ex_matmul_transposed(rank)))
-    for op in t.ELEMENTWISE_BINARY:
-        out.append(Rule(f"transpose-{op}-into-right[{perm}]",
-                        t.transpose(t.binary(op, A, t.transpose(B, inverse)), perm),
-                        t.binary(op, t.transpose(A, perm), B), (), _ex_permuted(order, None, b="permuted")))
-        out.append(Rule(f"transpose-{op}-into-left[{perm}]",
-                        t.transpose(t.binary(op, t.transpose(A, inverse), B), perm),
-                        t.binary(op, A, t.transpose(B, perm)), (), _ex_permuted(order, None, a="permuted")))
+        out.append(Rule(f"transpose-matmul[{perm}]", B.transpose(perm).matmul(A.transpose(perm), n),
+                        A.matmul(B, n).transpose(perm), (), _ex_matmul_transposed(rank)))
+    for op, f in OPERATOR.items():
+        out.append(Rule(f"transpose-{op}-into-right[{perm}]", f(A, B.transpose(inverse)).transpose(perm),
+                        f(A.transpose(perm), B), (), _ex_permuted(order, None, b="permuted")))
+        out.append(Rule(f"transpose-{op}-into-left[{perm}]", f(A.transpose(inverse), B).transpose(perm),
+                        f(A, B.transpose(perm)), (), _ex_permuted(order, None, a="permuted")))
     return out
 
 

@@ -14,10 +14,26 @@ from fractions import Fraction
 
 import numpy as np
 
-from superopt.verifier.terms import AxisVar, ConstVar, DimVar, Ext, ExtVar, PermVar, Term, Var
+from superopt.ops import Op
+from superopt.primitives import apply
+from superopt.reference import FloatAlgebra
+from superopt.verifier.terms import (
+    COMPOSITES,
+    ELEMENTWISE_BINARY,
+    ELEMENTWISE_UNARY,
+    REDUCTIONS,
+    AxisVar,
+    ConstVar,
+    DimVar,
+    Ext,
+    ExtVar,
+    PermVar,
+    Term,
+    Var,
+)
 
 TensorValue = np.ndarray | Callable[[Mapping[str, int]], np.ndarray]
-INEXACT = ("exp", "sqrt")  # no rational value
+INEXACT = (Op.EXP, Op.SQRT, *COMPOSITES)  # no rational value
 
 
 @dataclass
@@ -60,7 +76,7 @@ def _reduce(op: str, x: np.ndarray, d: int, n: int | None) -> np.ndarray:
         return getattr(np, op)(x, axis=d, keepdims=True)
     if -d <= x.ndim and x.shape[d] != 1:
         raise EvalError(f"{op} over dim {d} of shape {x.shape} with extent {n}")
-    return x * n if op == "sum" else x
+    return x * n if op == Op.SUM else x
 
 
 def _matmul(x: np.ndarray, y: np.ndarray, k: int) -> np.ndarray:
@@ -96,7 +112,7 @@ def evaluate(t: Term, b: Bindings, idx: Mapping[str, int] | None = None, exact: 
     op = t.op
     if op == "inp":
         return _tensor(b.tensors[str(params[0])], idx, exact)
-    if op == "const":
+    if op == Op.CONST:
         value = float(str(params[0]))
         return np.asarray(Fraction(value) if exact else value)
     kids = t.children
@@ -108,30 +124,34 @@ def evaluate(t: Term, b: Bindings, idx: Mapping[str, int] | None = None, exact: 
         total = np.sum(parts, axis=0)
         return total / len(parts) if op == "mean_over" else total
     vals = [evaluate(c, b, idx, exact) for c in kids]
-    if op in ("add", "sub", "mul", "div"):
-        fn = {"add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.divide}[op]
+    if op in ELEMENTWISE_BINARY:
+        fn = {Op.ADD: np.add, Op.SUB: np.subtract, Op.MUL: np.multiply, Op.DIV: np.divide}[op]
         return fn(vals[0], vals[1])
-    if op in ("neg", "exp", "sqrt", "relu"):
+    if op in ELEMENTWISE_UNARY:
         if exact and op in INEXACT:
             raise EvalError(f"{op} has no exact evaluation")
         unary: dict[str, Callable[[np.ndarray], np.ndarray]] = {
-            "neg": np.negative, "exp": np.exp, "sqrt": np.sqrt, "relu": lambda x: np.maximum(x, 0.0),
+            Op.NEG: np.negative, Op.EXP: np.exp, Op.SQRT: np.sqrt, Op.RELU: lambda x: np.maximum(x, 0.0),
         }
         fn1 = unary[op]
         return fn1(vals[0])
+    if op in COMPOSITES:
+        if exact:
+            raise EvalError(f"{op} has no exact evaluation")
+        return apply(FloatAlgebra(), op, vals, {}, [])
     x = vals[0]
-    if op in ("sum", "mean", "max"):
+    if op in REDUCTIONS:
         return _reduce(op, x, _int(params[0]), extent(t.params[1], b) if len(t.params) > 1 else None)
     if op in ("bcast", "squeeze"):
         d = _int(params[0])
         if -d <= x.ndim and x.shape[d] != 1:
             raise EvalError(f"{op} on dim {d} of shape {x.shape}, which is not 1")
         return np.squeeze(x, axis=d) if op == "squeeze" else x
-    if op == "matmul":
+    if op == Op.MATMUL:
         return _matmul(x, vals[1], extent(t.params[0], b))
-    if op == "transpose":
+    if op == Op.TRANSPOSE:
         return np.transpose(x, [int(v) for v in str(params[0]).split(",")])
-    if op == "reshape":
+    if op == Op.RESHAPE:
         return np.reshape(x, [int(v) for v in str(params[0]).split(",")])
     if op == "part":
         d, axis = _int(params[0]), str(params[1])
