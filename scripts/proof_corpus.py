@@ -96,18 +96,23 @@ def print_table(rows: list[dict[str, Any]], summary: dict[str, Any]) -> None:
         print("| " + " | ".join(cells) + " |")
     if "A" in summary:
         a = summary["A"]
-        print(f"\ncorpus A: e-graph refused {a['total'] - len(a['egraph_wrongly_proved'])}/{a['total']} wrong schedules"
-              f" ({a['numerically_wrong']}/{a['total']} shown wrong by the numbers)")
-        for name in a["egraph_wrongly_proved"]:
-            print(f"  wrongly proved: {name}")
+        _print_figure(f"\ncorpus A: e-graph refused {a['total'] - len(a['egraph_wrongly_proved'])}/{a['total']} wrong"
+                      f" schedules ({a['numerically_wrong']}/{a['total']} shown wrong by the numbers)",
+                      "wrongly proved", a["egraph_wrongly_proved"])
         if "verify_wrongly_proved" in a:
             print(f"  verify proved {len(a['verify_wrongly_proved'])}/{a['total']}")
     if "B" in summary:
         b = summary["B"]
-        print(f"corpus B: e-graph proved {b['egraph_proved']}/{b['total']} correct schedules"
-              f" ({b['numerically_right']}/{b['total']} shown right by the numbers)")
-        for name in b["egraph_refused"]:
-            print(f"  refused: {name}")
+        _print_figure(f"corpus B: e-graph proved {b['egraph_proved']}/{b['total']} correct schedules"
+                      f" ({b['numerically_right']}/{b['total']} shown right by the numbers)",
+                      "refused", b["egraph_refused"])
+
+
+def _print_figure(headline: str, label: str, cases: list[str]) -> None:
+    """A corpus's figure, then each case it counts against the e-graph."""
+    print(headline)
+    for name in cases:
+        print(f"  {label}: {name}")
 
 
 def main() -> None:

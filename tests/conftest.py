@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from db_fixtures import BACKENDS, database_url
 
 from superopt import Program, workloads
 from superopt.config import SearchConfig
+from superopt.db.engine import Database, open_database
 from superopt.search.driver import Outcome, run_search
 from superopt.targets import TARGETS, Target
 
@@ -36,6 +38,28 @@ def isolated_env(monkeypatch: pytest.MonkeyPatch, isolated_cache_home: Path) -> 
     for var in CLEARED_ENV:
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", str(isolated_cache_home))
+
+
+@pytest.fixture
+def private_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A cache directory of the test's own (kept sGraphs, SQLite kernel cache); the search tests
+    take it with `pytestmark = pytest.mark.usefixtures("private_cache")`."""
+    monkeypatch.setenv("SUPEROPT_CACHE_DIR", str(tmp_path / "cache"))
+
+
+@pytest.fixture(params=BACKENDS)
+def url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """A fresh database: a SQLite file, or a schema of its own on the PostgreSQL server."""
+    with database_url(request.param, tmp_path) as u:
+        yield u
+
+
+@pytest.fixture
+def db(url: str) -> Iterator[Database]:
+    """The database at `url`, open for the test and closed after it."""
+    database = open_database(url)
+    yield database
+    database.close()
 
 
 @pytest.fixture(scope="session")

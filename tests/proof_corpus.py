@@ -35,6 +35,7 @@ from superopt.sgraph import SGraph
 from superopt.targets import TARGETS
 from superopt.verifier.egraph import ProofResult, prove
 from superopt.verifier.lowering import lower_program, lower_sgraph
+from superopt.workloads.llm import reference_lora
 
 TARGET = TARGETS["h100"]
 EPS = 1e-6
@@ -149,6 +150,12 @@ def _wrong_row_sums_sgraph(p: Program, bias: str, folded: bool, x_tensor: str = 
     o = k.op("add", _row_sum(k, xt), _row_sum(k, _twice(k, yt, c, folded)))
     k.output(k.acc(o), "O", [0])
     return b.build(["O"])
+
+
+def base_case(wx: int, wy: int) -> Case:
+    """The base case at other widths of X and Y (right where they are equal)."""
+    return Case(f"1 base, widths {wx} and {wy}", lambda: _biased_row_sums(f"base_{wx}_{wy}", wx, wy, "one"),
+                lambda p: _wrong_row_sums_sgraph(p, "one", True))
 
 
 def _transposed_widths_program() -> Program:
@@ -448,18 +455,6 @@ def _lora_program(factored: bool) -> Program:
     def make(p: Program, x: Tensor, w: Tensor, a: Tensor, bb: Tensor) -> Tensor:
         return x @ (w + a @ bb) if factored else x @ w + (x @ a) @ bb
     return _program("lora", {"X": (4, 64), "W": (64, 32), "A": (64, 16), "B": (16, 32)}, make)
-
-
-def _lora_sgraph(p: Program) -> SGraph:
-    """D = X @ A in a library matmul, then X @ W + D @ B in one kernel whose loop walks both
-    contractions at once."""
-    b = SGraphBuilder.for_program(p)
-    d = b.library("matmul", "X", "A", out="D")
-    k = b.graph(grid=[("x", "gx")], loop=("f", "F"))
-    main = k.op("matmul", k.input("X", [None], 1), k.input("W", [1], 0))
-    low = k.op("matmul", k.input(d, [None], 1), k.input("B", [1], 0))
-    k.output(k.acc(k.op("add", main, low)), "O", [1])
-    return b.build(["O"])
 
 
 def _lora_graph_down_sgraph(p: Program) -> SGraph:
@@ -901,8 +896,10 @@ CORRECT: dict[str, Case] = {c.name: c for c in [
     Case("silu spelled a * sigmoid(a)", _silu_matmul, _silu_as_product),
     Case("silu spelled a / (1 + exp(-a))", _silu_matmul, _silu_as_quotient),
     Case("X @ (A @ B) as (X @ A) @ B", _chain, _chain_left_first),
-    Case("X @ (W + A @ B) as X @ W + (X @ A) @ B", lambda: _lora_program(True), _lora_sgraph),
-    Case("LoRA: library down-projection, fused up-projection", lambda: _lora_program(False), _lora_sgraph),
+    # the lora workload's reference: D = X @ A in a library matmul, then X @ W + D @ B in one
+    # kernel whose loop walks both contractions at once
+    Case("X @ (W + A @ B) as X @ W + (X @ A) @ B", lambda: _lora_program(True), reference_lora),
+    Case("LoRA: library down-projection, fused up-projection", lambda: _lora_program(False), reference_lora),
     Case("LoRA: graph down-projection, main product taken whole", lambda: _lora_program(False),
          _lora_graph_down_sgraph),
     Case("(X * 0.5) @ W as X @ (W * 0.5) tile by tile", lambda: _scaled_matmul("left"), _scale_on_weight_tiles),

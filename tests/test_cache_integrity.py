@@ -23,6 +23,7 @@ from typer.testing import CliRunner
 
 from superopt import workloads
 from superopt.cli import app
+from superopt.core.result import Result
 from superopt.db import recheck
 from superopt.db.cache import KernelCache
 from superopt.db.engine import open_database
@@ -31,7 +32,6 @@ from superopt.db.integrity import KEY_FILE, SECRET_ENV
 from superopt.db.migrate import alembic_config
 from superopt.db.models import Candidate, Job, Winner
 from superopt.program import Program
-from superopt.result import Result
 from superopt.targets import TARGETS, fingerprint
 from superopt.verifier.verify import verify
 
@@ -44,19 +44,6 @@ def own_key(tmp_path, monkeypatch):
     """Keys made for these tests stay in their folders (PostgreSQL's in the cache directory)."""
     monkeypatch.delenv(SECRET_ENV, raising=False)
     monkeypatch.setenv("SUPEROPT_CACHE_DIR", str(tmp_path / "cache"))
-
-
-@pytest.fixture(params=BACKENDS)
-def url(request, tmp_path):
-    with database_url(request.param, tmp_path) as u:
-        yield u
-
-
-@pytest.fixture
-def db(url):
-    database = open_database(url)
-    yield database
-    database.close()
 
 
 def with_cuda(result: Result) -> Result:

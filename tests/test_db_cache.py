@@ -11,12 +11,12 @@ import pytest
 from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
-from db_fixtures import BACKENDS, database_url, resign, standin_result
+from db_fixtures import resign, standin_result
 from sqlalchemy import func, select, text, update
 
-import superopt
 from superopt import workloads
 from superopt.config import SearchConfig
+from superopt.core import version as superopt_version
 from superopt.db.cache import KernelCache
 from superopt.db.engine import default_path, open_database, resolve_url
 from superopt.db.errors import CacheIntegrityWarning, NotFound, StoreError
@@ -27,14 +27,6 @@ from superopt.program import Program
 from superopt.targets import TARGETS, fingerprint
 
 H100 = fingerprint(TARGETS["h100"])
-
-
-@pytest.fixture(params=BACKENDS)
-def db(request, tmp_path):
-    with database_url(request.param, tmp_path) as url:
-        database = open_database(url)
-        yield database
-        database.close()
 
 
 def count(db, model) -> int:
@@ -156,7 +148,7 @@ def test_hit_on_identical_key_miss_on_any_key_field_change(db, monkeypatch):
         assert cache.lookup(other, H100) is None, field
     assert cache.lookup(program, fingerprint(TARGETS["h200"])) is None  # target fingerprint
     assert cache.lookup(program, H100, SearchConfig(max_kernel_ops=4)) is None  # search config hash
-    monkeypatch.setattr(superopt, "__version__", "9.9.9")  # superopt version
+    monkeypatch.setattr(superopt_version, "__version__", "9.9.9")  # superopt version
     assert CacheKey.of(program, H100).version == "9.9.9"
     assert cache.lookup(program, H100) is None
 

@@ -33,10 +33,8 @@ import httpx
 import psycopg
 import pytest
 from db_fixtures import (
-    BACKENDS,
     DELAY_ENV,
     cli_env,
-    database_url,
     free_port,
     optimize,
     running_service,
@@ -159,14 +157,6 @@ def test_a_wrong_statement_is_not_retried():
 
 
 # -- workers in this process ----------------------------------------------------------------------
-
-
-@pytest.fixture(params=BACKENDS)
-def db(request, tmp_path):
-    with database_url(request.param, tmp_path) as url:
-        database = open_database(url)
-        yield database
-        database.close()
 
 
 class Running(threading.Thread):

@@ -8,13 +8,14 @@ import itertools
 
 import pytest
 from kernel_shapes import attention_block
+from proof_corpus import WRONG, base_case
 
 from superopt import Program, workloads
 from superopt.assignments import pick_for_checks
 from superopt.build import SGraphBuilder
+from superopt.core.result import Verdict
 from superopt.dimclasses import NO_CLASS, dim_classes
 from superopt.instantiate import instantiate
-from superopt.result import Verdict
 from superopt.sgraph import SGraph
 from superopt.shrink import constant_splits, shrink, shrink_sgraph
 from superopt.targets import TARGETS
@@ -24,43 +25,16 @@ from superopt.verifier.egraph import ProofResult
 from superopt.verifier.verify import check_points, real_shape_check, verify
 
 H100 = TARGETS["h100"]
+TILE_MAXIMA = WRONG["9 sum of per-tile maxima for the row max"]  # right only at F = 1
 
 
-def _two_widths(x_cols: int, y_cols: int) -> Program:
-    """O = sum(X + 1, -1) + sum(Y + 1, -1): each sum adds its own width."""
-    p = Program("two_widths")
-    x, y = p.input("X", (4, x_cols), "f32"), p.input("Y", (4, y_cols), "f32")
-    p.output(p.op("add", p.sum(x + 1.0, -1), p.sum(y + 1.0, -1), name="O"))
-    return p
-
-
-def _one_width_for_both(p: Program, correct: bool = False) -> SGraph:
-    """One kernel over row blocks computing sum(X, -1) + sum(Y + (1 + 1), -1): X's ones counted
-    at Y's width, right only where the widths are equal (`correct`: sum(X + 1) + sum(Y + 1))."""
+def _right_row_sums(p: Program) -> SGraph:
+    """The base case's program scheduled right: one kernel over row blocks, sum(X + 1) + sum(Y + 1)."""
     b = SGraphBuilder.for_program(p)
     k = b.graph(grid=[("x", "gx")])
-    xt, yt = k.input("X", [0], None), k.input("Y", [0], None)
     one = k.op("const", value=1.0)
-    row_sum = lambda t: k.op("sum", t, dim=-1, keepdim=False)
-    if correct:
-        o = k.op("add", row_sum(k.op("add", xt, one)), row_sum(k.op("add", yt, one)))
-    else:
-        o = k.op("add", row_sum(xt), row_sum(k.op("add", yt, k.op("add", one, one))))
-    k.output(k.acc(o), "O", [0])
-    return b.build(["O"])
-
-
-def _row_max() -> Program:
-    p = Program("row_max")
-    p.output(p.op("max", p.input("X", (4, 64), "f32"), name="O", dim=-1, keepdim=False))
-    return p
-
-
-def _summed_tile_maxima(p: Program) -> SGraph:
-    """The loop walks X's columns; each tile's row maxima are summed: right only at F = 1."""
-    b = SGraphBuilder.for_program(p)
-    k = b.graph(grid=[("x", "gx")], loop=("f", "F"))
-    k.output(k.acc(k.op("max", k.input("X", [0], 1), dim=1, keepdim=False)), "O", [0])
+    row_sum = lambda t: k.op("sum", k.op("add", k.input(t, [0], None), one), dim=-1, keepdim=True)
+    k.output(k.acc(k.op("add", row_sum("X"), row_sum("Y"))), "O", [0])
     return b.build(["O"])
 
 
@@ -71,7 +45,7 @@ def _max_of_tile_maxima(p: Program) -> SGraph:
     k1 = b.graph(grid=[("x", "gx"), ("z", "gz")])
     k1.output(k1.acc(k1.op("max", k1.input("X", [0, 1], None), dim=1, keepdim=True)), "T", [0, 1])
     k2 = b.graph(grid=[("u", "hu")])
-    k2.output(k2.acc(k2.op("max", k2.input("T", [0], None), dim=1, keepdim=False)), "O", [0])
+    k2.output(k2.acc(k2.op("max", k2.input("T", [0], None), dim=1, keepdim=True)), "O", [0])
     return b.build(["O"])
 
 
@@ -100,7 +74,7 @@ def _assert_classes_apart(p: Program) -> dict[str, tuple[int, ...]]:
 @pytest.mark.parametrize(("x_cols", "y_cols"), [(64, 32), (80, 40)])
 def test_classes_of_different_sizes_shrink_to_different_sizes(x_cols, y_cols):
     """64 and 32 both became 32 (the largest divisor up to the cap), 80 and 40 both 20."""
-    shapes = _assert_classes_apart(_two_widths(x_cols, y_cols))
+    shapes = _assert_classes_apart(base_case(x_cols, y_cols).program())
     assert shapes["X"][1] != shapes["Y"][1]
 
 
@@ -136,10 +110,10 @@ def test_a_concrete_schedule_is_checked_at_sizes_its_constant_splits_divide():
     """A loop of constant range 32 over X's and Y's columns (widths 128 and 64): both widths shrink
     to multiples of 32, still apart, and the checks run small (without the multiples, Y's 16 fits
     no range of 32, and they ran at the real shapes)."""
-    p = _two_widths(128, 64)
+    p = base_case(128, 64).program()
     b = SGraphBuilder.for_program(p)
     k = b.graph(grid=[("x", 4)], loop=("f", 32))
-    row_sum = lambda t: k.op("sum", k.op("add", t, k.op("const", value=1.0)), dim=-1, keepdim=False)
+    row_sum = lambda t: k.op("sum", k.op("add", t, k.op("const", value=1.0)), dim=-1, keepdim=True)
     k.output(k.acc(k.op("add", row_sum(k.input("X", [0], 1)), row_sum(k.input("Y", [0], 1)))), "O", [0])
     sg = b.build(["O"])
     assert constant_splits(sg) == {("X", 0): 4, ("X", 1): 32, ("Y", 0): 4, ("Y", 1): 32}
@@ -159,10 +133,9 @@ def test_a_schedule_right_only_at_equal_widths_is_refuted_where_verify_checks(mo
     32 and 32, where sum(X + 1) + sum(Y + 1) = sum(X) + sum(Y + 2) holds. Every point where
     verify runs the numeric layers now refutes it, the real shapes too, and verify refuses it
     even with the e-graph's word for it."""
-    p = _two_widths(64, 32)
-    wrong = _one_width_for_both(p)
-    equal = _two_widths(32, 32)
-    at_equal = instantiate(_one_width_for_both(equal), {"gx": 2}, H100)
+    p, wrong = base_case(64, 32).build()
+    equal, at_equal = base_case(32, 32).build()
+    at_equal = instantiate(at_equal, {"gx": 2}, H100)
     assert finite_field.check(equal, at_equal).passed and float_check.check(equal, at_equal).passed
     points = check_points(p, wrong, H100, 3)
     assert len(points) == 3
@@ -181,8 +154,8 @@ def test_a_verdict_lists_every_shape_it_checked(monkeypatch):
     """The right schedule: finite fields and float at the shrunk shapes, then finite fields at
     the real ones; each layer's detail names its shapes and the verdict's JSON lists them."""
     monkeypatch.setattr(verify_module, "prove", _proved)
-    p = _two_widths(64, 32)
-    v = verify(p, _one_width_for_both(p, correct=True), target=H100)
+    p = base_case(64, 32).program()
+    v = verify(p, _right_row_sums(p), target=H100)
     assert v.proved, v.layers
     numeric = [x for x in v.layers if x["layer"] in ("finite_field", "float")]
     assert all("shapes" in x["detail"] for x in numeric)
@@ -195,8 +168,8 @@ def test_a_verdict_lists_every_shape_it_checked(monkeypatch):
 
 def test_programs_over_the_bound_are_not_checked_at_their_real_shapes(monkeypatch):
     monkeypatch.setattr(verify_module, "REAL_SHAPE_ELEMENTS", 64)
-    p = _two_widths(64, 32)
-    assert real_shape_check(p, _one_width_for_both(p), H100) is None
+    p, wrong = base_case(64, 32).build()
+    assert real_shape_check(p, wrong, H100) is None
 
 
 # -- max -----------------------------------------------------------------------------------------------
@@ -206,8 +179,7 @@ def test_summed_tile_maxima_are_not_the_row_maximum(monkeypatch):
     """A max was a symmetric function summed over the elements in finite fields, so a sum of
     per-tile maxima passed for the row's at every shape. Both numeric layers refuse it at every
     point verify checks, and the verdict says how max was evaluated."""
-    p = _row_max()
-    wrong = _summed_tile_maxima(p)
+    p, wrong = TILE_MAXIMA.build()
     points = check_points(p, wrong, H100, 3)
     assert points and all(inst.values["F"] > 1 for _, inst in points)
     for small, inst in points:
@@ -224,12 +196,12 @@ def test_summed_tile_maxima_are_not_the_row_maximum(monkeypatch):
 def test_maxima_of_tile_maxima_are_the_row_maximum():
     """The right split: finite fields pass it at every point (summed as sums, the maxima of
     maxima did not); a program without max says nothing of it."""
-    p = _row_max()
+    p = TILE_MAXIMA.program()
     for small, inst in check_points(p, _max_of_tile_maxima(p), H100, 3):
         assert finite_field.check(small, inst).passed
         assert float_check.check(small, inst).passed
-    plain = _two_widths(64, 32)
-    small, inst = check_points(plain, _one_width_for_both(plain, correct=True), H100, 1)[0]
+    plain = base_case(64, 32).program()
+    small, inst = check_points(plain, _right_row_sums(plain), H100, 1)[0]
     assert finite_field.check(small, inst).max_model == ""
 
 

@@ -15,7 +15,7 @@ from contextlib import contextmanager
 
 import httpx
 import pytest
-from db_fixtures import BACKENDS, database_url, optimize, running_service
+from db_fixtures import optimize, running_service
 from fastapi.testclient import TestClient
 from sqlalchemy import event, exc, func, select
 
@@ -27,14 +27,6 @@ from superopt.service import create_app, host_name
 from superopt.worker import Worker
 
 LOOPBACK = "http://127.0.0.1"
-
-
-@pytest.fixture(params=BACKENDS)
-def db(request, tmp_path):
-    with database_url(request.param, tmp_path) as url:
-        database = open_database(url)
-        yield database
-        database.close()
 
 
 def jobs(db: Database) -> int:

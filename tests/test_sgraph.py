@@ -127,32 +127,24 @@ def test_symbolic_tile_shapes_and_constraints():
 # -- wrong variants -----------------------------------------------------------------------------
 
 
-def _matmul_program() -> Program:
-    p = Program("mm")
-    x = p.input("X", (8, 8), "f32")
-    w = p.input("W", (8, 8), "f32")
-    p.output(p.op("matmul", x, w, name="O"))
+def _program_of(second: str) -> Program:
+    """The program of the wrong variants: O = X @ W (`second` "W") or X * Y ("Y"), all (8, 8)."""
+    op = "matmul" if second == "W" else "mul"
+    p = Program("mm" if op == "matmul" else "mul")
+    p.output(p.op(op, p.input("X", (8, 8), "f32"), p.input(second, (8, 8), "f32"), name="O"))
     return p
 
 
 def _matmul_sgraph(x_map=(0, None), x_f=1, w_map=(None, 1), w_f=0, o_map=(0, 1), acc="sum", swap=False) -> SGraph:
-    b = SGraphBuilder.for_program(_matmul_program())
+    b = SGraphBuilder.for_program(_program_of("W"))
     k = b.graph(grid=[("x", 2), ("y", 2)], loop=("f", 2))
     xt, wt = k.input("X", x_map, x_f), k.input("W", w_map, w_f)
     k.output(k.acc(k.op("matmul", *((wt, xt) if swap else (xt, wt))), acc), "O", o_map)
     return b.build(["O"])
 
 
-def _mul_program() -> Program:
-    p = Program("mul")
-    x = p.input("X", (8, 8), "f32")
-    y = p.input("Y", (8, 8), "f32")
-    p.output(p.op("mul", x, y, name="O"))
-    return p
-
-
 def _mul_sgraph(x_map=(0, 1), y_map=(0, 1), y_f=None, loop=1, o_map=(0, 1), acc="sum") -> SGraph:
-    b = SGraphBuilder.for_program(_mul_program())
+    b = SGraphBuilder.for_program(_program_of("Y"))
     k = b.graph(grid=[("x", 2), ("y", 2)], loop=("f", loop))
     xt, yt = k.input("X", x_map, None), k.input("Y", y_map, y_f)
     k.output(k.acc(k.op("mul", xt, yt), acc), "O", o_map)
@@ -176,14 +168,14 @@ WRONG = {
 
 
 def test_correct_hand_written_variants_pass(h100):
-    assert error_of(_matmul_program(), _matmul_sgraph(), {}, h100, seed=0) < 1e-6
-    assert error_of(_mul_program(), _mul_sgraph(), {}, h100, seed=0) < 1e-6
+    assert error_of(_program_of("W"), _matmul_sgraph(), {}, h100, seed=0) < 1e-6
+    assert error_of(_program_of("Y"), _mul_sgraph(), {}, h100, seed=0) < 1e-6
 
 
 @pytest.mark.parametrize("what", list(WRONG))
 def test_wrong_variant_is_shown_wrong_by_the_interpreter(what, h100):
     sg = WRONG[what]()
-    program = _matmul_program() if sg.inputs[1].id == "W" else _mul_program()
+    program = _program_of(sg.inputs[1].id)
     check_matches(sg, program)
     assert error_of(program, sg, {}, h100, seed=3) > 0.05
 
@@ -598,7 +590,7 @@ def test_the_interpreter_runs_hand_written_blocks_at_once_as_block_by_block(h100
     _compare_with_block_by_block(program, scaled, {}, h100, 0)
     assert error_of(program, scaled, {}, h100, seed=0) < 1e-6
     for n, sg in enumerate([_matmul_sgraph(), _mul_sgraph(), *(wrong() for wrong in WRONG.values())]):
-        _compare_with_block_by_block(_matmul_program() if sg.inputs[1].id == "W" else _mul_program(), sg, {}, h100, n)
+        _compare_with_block_by_block(_program_of(sg.inputs[1].id), sg, {}, h100, n)
 
 
 @pytest.mark.parametrize("name", NAMES)
