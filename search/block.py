@@ -31,6 +31,7 @@ import numpy as np
 from superopt import ops
 from superopt.config import MAX_ACCUMULATORS, MAX_OUTPUTS, PART_ACCUMULATORS
 from superopt.object_cache import BoundedDict
+from superopt.ops import Op
 from superopt.primitives import apply
 from superopt.program import Node, Program, Tensor
 from superopt.reference import FloatAlgebra
@@ -46,11 +47,11 @@ RankedStep = tuple[str, int, tuple[Any, ...], tuple[Any, ...]]  # a one-operand 
 # A loop body with its accumulators, as a walk in parts hands it over: its place in the
 # breadth-first order (level, path, accumulator choice), its signature's digest and its ops.
 Body = tuple[tuple[int, tuple[int, ...], int], int, tuple[Step, ...]]
-COMMUTATIVE = ("add", "mul")  # binary ops generated with their older operand first only
+COMMUTATIVE = (Op.ADD, Op.MUL)  # binary ops generated with their older operand first only
 CHAIN = "chain"  # the block op of a whole elementwise chain (`Chain`); its attributes hold the chain's ops
 UNIT = -1  # the class of a size-1 dim: broadcasts against anything, never split
 SPLIT_WIDTH = 4  # a loop-body walk in parts deals out the first level this many times wider than parts
-POST_ENTRIES = 1 << 16  # accumulator signatures whose post-loop graphs are kept (`_posts`)
+POST_ENTRIES = 1 << 16  # accumulator signatures whose post-loop graphs are kept (`posts`)
 BODY_CACHE_ENTRIES = 4  # block spaces whose accumulated loop bodies are kept (least recently used go)
 
 
@@ -170,6 +171,10 @@ class Lazy(Generic[T]):
         """The items produced so far."""
         return len(self._items)
 
+    def produced(self) -> list[T]:
+        """The items produced so far (read only)."""
+        return self._items
+
 
 @dataclass
 class Generator:
@@ -204,7 +209,7 @@ class Generator:
         self._fid_memo: dict[tuple[Any, ...], int] = {}
         self._vid_of_class: dict[str, int] = {}
         self._subterms: dict[tuple[int, int], bool] = {}
-        self._binary_ops = [op for op in self.space.block_ops if op in ops.BINARY or op == "matmul"]
+        self._binary_ops = [op for op in self.space.block_ops if op in ops.BINARY or op == Op.MATMUL]
         # A chain's inner values are made by its step only (`Chain`): no other op may make one.
         outer = {self.oracle.class_of(e) for e in self.space.outer}
         self._inner = {c for chain in self.space.chains for e in chain.inner
@@ -258,10 +263,16 @@ class Generator:
         this part: distributed search splits one block space across workers this way. Every part
         needs the loop bodies: walked whole once per process, or walked in parts beforehand
         (`body_part`) and handed over, only this part's (`adopt_bodies`)."""
+        for body in self.bodies(start, part):
+            yield from self.posts(body)
+
+    def bodies(self, start: BlockState, part: tuple[int, int] = (1, 0)) -> Iterator[BlockState]:
+        """This part's loop bodies with their accumulators, each the start of its post-loop graphs
+        (`posts`): where a search may bound every block graph of a body at once."""
         adopted = self._adopted.get((start, part))
         for digest, state in adopted if adopted is not None else self._accumulated(start):
             if digest % part[0] == part[1]:
-                yield from self._posts(state)
+                yield state
 
     def body_part(self, start: BlockState, part: tuple[int, int]) -> list[Body]:
         """This part's share of the loop bodies with their accumulators (see `_phase`), each with
@@ -316,13 +327,13 @@ class Generator:
         walk the products' shared dim (silu of a partial sum is not the sum). Nothing when an op
         cannot be a block op here (not in the space, or refused by `_try`: the op bound, a value
         computed twice)."""
-        ops_ = [n for n in program.topological() if n.op not in ("input", "const")]
+        ops_ = [n for n in program.topological() if n.op not in ("input", Op.CONST)]
         placed = self._place(start, ops_, program, tiles)
         if placed is not None:
             # The body computes the program: an op after the loop would compute something else,
-            # so the accumulators are written as they are (walking post-loop graphs over them
-            # took 10 s for a 5-op part of a program too large for one kernel), as many as there
-            # are (`max_outputs` bounds what the search grows; this graph is given).
+            # so the accumulators are written as they are (post-loop graphs over a large part's
+            # accumulators are many, and none of them is wanted), as many as there are
+            # (`max_outputs` bounds what the search grows; this graph is given).
             yield from (accs for accs in self._with_accumulators(placed[0], PART_ACCUMULATORS)
                         if self.complete(accs, MAX_ACCUMULATORS))
         # After the products: the program's post-loop ops, and with them its norms that only
@@ -330,11 +341,21 @@ class Generator:
         for form in (program, _norms_after_products(program)):
             if form is not None:
                 yield from self._post_loop_graphs(start, form, tiles)
+        # Its scales moved into the products' smaller operands (`_scales_into_smaller_operand`):
+        # the scale then runs in the loop body, and what follows it may finish after the loop.
+        scaled = _scales_into_smaller_operand(program)
+        if scaled is not None:
+            ops_ = [n for n in scaled.topological() if n.op not in ("input", Op.CONST)]
+            placed = self._place(start, ops_, scaled, tiles)
+            if placed is not None:
+                yield from (accs for accs in self._with_accumulators(placed[0], PART_ACCUMULATORS)
+                            if self.complete(accs, MAX_ACCUMULATORS))
+            yield from self._post_loop_graphs(start, scaled, tiles)
 
     def _post_loop_graphs(self, start: BlockState, program: Program, tiles: Mapping[str, int]) -> Iterator[BlockState]:
         """`program` as one block graph whose ops that only finish products (`_post_loop_ops`) run
         after the loop over the accumulators of the rest."""
-        ops_ = [n for n in program.topological() if n.op not in ("input", "const")]
+        ops_ = [n for n in program.topological() if n.op not in ("input", Op.CONST)]
         post = _post_loop_ops(program)
         placed = self._place(start, [n for n in ops_ if n.id not in post], program, tiles) if post else None
         if placed is None:
@@ -404,13 +425,13 @@ class Generator:
         consts: list[tuple[int, float]] = []
         for pos, operand in enumerate(n.inputs):
             node = program.nodes[operand]
-            if node.op == "const":
+            if node.op == Op.CONST:
                 consts.append((pos, float(node.attrs["value"])))
             elif operand in placed:
                 args.append(placed[operand])
             else:
                 return None
-        if not args or len(args) + len(consts) != len(n.inputs) or (n.op == "matmul" and consts):
+        if not args or len(args) + len(consts) != len(n.inputs) or (n.op == Op.MATMUL and consts):
             return None
         if n.op in COMMUTATIVE:
             args.sort()
@@ -419,7 +440,7 @@ class Generator:
         if "dim" in named:
             dim = named["dim"] % len(s.tiles[args[0]].dims)
             extra = (("keepdim", named["keepdim"]),) if n.op in ops.REDUCE else \
-                (("eps", float(named["eps"])),) if n.op == "rms_norm" else ()
+                (("eps", float(named["eps"])),) if n.op == Op.RMS_NORM else ()
             attrs = (("dim", dim), *extra)
         return n.op, tuple(args), attrs, tuple(consts)
 
@@ -494,15 +515,15 @@ class Generator:
                 level.extend(((*path, n), c) for n, c in enumerate(children))
             frontier = level
 
-    def _posts(self, accs: BlockState) -> Iterator[BlockState]:
+    def posts(self, accs: BlockState) -> Iterator[BlockState]:
         """Complete post-loop graphs over these accumulators, memoized by their signature without
         fingerprints (what the oracle and the shapes decide). Bodies come in increasing op count,
         so the first request for a signature has the most room left; later ones replay the recipes
         that fit their own room, each op checked again (`_try`): a recipe computing one value
         twice for these accumulators' fingerprints is dropped. (Not generated: a post-loop graph
-        needing two values that are one for the first accumulators only, as before fingerprints;
-        keyed with them, 2.7 times as many post-loop walks over qknorm_gqa's Q and K, and the same
-        first kernels.) Kept for the last `POST_ENTRIES` signatures: one dropped is walked again
+        needing two values that are one for the first accumulators only; keying the memo with
+        fingerprints too would multiply the post-loop walks over attention's Q and K and find the
+        same first kernels.) Kept for the last `POST_ENTRIES` signatures: one dropped is walked again
         for the accumulators that next ask for it."""
         first = _first_post(accs)
         key = tuple(entry[:-1] for entry in _signature(accs, first))  # the fingerprint is last
@@ -600,21 +621,21 @@ class Generator:
                 rank = self._rank[op]
                 if op in ops.UNARY:
                     steps.append((op, rank, (), ()))
-                elif op in ops.REDUCE or op in ("rms_norm", "softmax"):
+                elif op in ops.REDUCE or op in ops.NORMALIZE:
                     for d, c in enumerate(t.dims):
                         if c == UNIT:
                             continue
                         if op in ops.REDUCE:
                             for keep in (True, False) if self.space.keepdim_false else (True,):
                                 steps.append((op, rank, (("dim", d), ("keepdim", keep)), ()))
-                        elif op == "rms_norm":
+                        elif op == Op.RMS_NORM:
                             steps += [(op, rank, (("dim", d), ("eps", eps)), ()) for eps in self.space.constants]
                         else:
                             steps.append((op, rank, (("dim", d),), ()))
                 elif op in ops.BINARY:
                     for value in self.space.constants:
                         steps.append((op, rank, (), ((1, value),)))
-                        if op in ("sub", "div"):
+                        if op in (Op.SUB, Op.DIV):
                             steps.append((op, rank, (), ((0, value),)))
             ok = [self._ae(op, [t], attrs, consts) is not None for op, _, attrs, consts in steps]
             hit = ([st for st, y in zip(steps, ok, strict=True) if y],
@@ -712,7 +733,7 @@ class Generator:
     ) -> tuple[Classes, tuple[int, ...]] | None:
         """The dims of an op's result on operands of these dims, with the classes it unifies."""
         a = tiles[0]
-        if op in ops.UNARY or op == "acc" or op in ("rms_norm", "softmax") or (op in ops.BINARY and has_const):
+        if op in ops.UNARY or op == "acc" or op in ops.NORMALIZE or (op in ops.BINARY and has_const):
             return classes, a
         if op in ops.REDUCE:
             named = dict(attrs)
@@ -721,7 +742,7 @@ class Generator:
                 return classes, (*a[:d], UNIT, *a[d + 1 :])
             return classes, (*a[:d], *a[d + 1 :])
         b = tiles[1]
-        if op == "matmul":
+        if op == Op.MATMUL:
             if len(a) < 2 or len(a) != len(b):
                 return None
             cl: Classes | None = classes
@@ -915,11 +936,11 @@ def _post_loop_ops(program: Program) -> set[str]:
     anything computed from them), they read no program input, they reduce nothing the loop body
     computes (a partial reduction accumulates), and nothing of the loop body reads them; they
     read the body's values only through their accumulators."""
-    ops_ = [n for n in program.topological() if n.op not in ("input", "const")]
+    ops_ = [n for n in program.topological() if n.op not in ("input", Op.CONST)]
     inputs = {n.id for n in program.nodes.values() if n.op == "input"}
     body: set[str] = set()
     for n in ops_:
-        if n.op == "matmul" or any(i in inputs for i in n.inputs) or (n.op in ops.REDUCE and n.inputs[0] in body):
+        if n.op == Op.MATMUL or any(i in inputs for i in n.inputs) or (n.op in ops.REDUCE and n.inputs[0] in body):
             body.add(n.id)
     runs = chain_runs(program)
     grown = -1
@@ -927,7 +948,7 @@ def _post_loop_ops(program: Program) -> set[str]:
         grown = len(body)
         for n in reversed(ops_):  # what the body and the products read is body too
             if n.id in body:
-                body.update(i for i in n.inputs if program.nodes[i].op not in ("input", "const"))
+                body.update(i for i in n.inputs if program.nodes[i].op not in ("input", Op.CONST))
         for run in runs:
             if any(n.id in body for n in run):
                 body.update(n.id for n in run)
@@ -943,9 +964,9 @@ def _norms_after_products(program: Program) -> Program | None:
     for n in program.topological():
         for i in n.inputs:
             readers.setdefault(i, []).append(n)
-    norms = {n.id for n in program.topological() if n.op == "rms_norm" and n.id not in program.outputs
+    norms = {n.id for n in program.topological() if n.op == Op.RMS_NORM and n.id not in program.outputs
              and n.attrs["dim"] % len(n.shape) == len(n.shape) - 1 and n.id in readers
-             and all(r.op == "matmul" and r.inputs[0] == n.id != r.inputs[1] for r in readers[n.id])}
+             and all(r.op == Op.MATMUL and r.inputs[0] == n.id != r.inputs[1] for r in readers[n.id])}
     if not norms:
         return None
     out = Program(program.name)
@@ -956,15 +977,97 @@ def _norms_after_products(program: Program) -> Program | None:
             value[n.id] = out.input(n.id, n.shape, n.dtype or "f32")
         elif n.id in norms:
             x = value[n.inputs[0]]
-            ms = out.op("mean", out.op("square", x), dim=-1, keepdim=True)
-            scale[n.id], value[n.id] = out.op("sqrt", out.op("add", ms, float(n.attrs["eps"]))), x
-        elif n.op != "const":
-            args = [float(program.nodes[i].attrs["value"]) if program.nodes[i].op == "const" else value[i]
+            ms = out.op(Op.MEAN, out.op(Op.SQUARE, x), dim=-1, keepdim=True)
+            scale[n.id], value[n.id] = out.op(Op.SQRT, out.op(Op.ADD, ms, float(n.attrs["eps"]))), x
+        elif n.op != Op.CONST:
+            args = [float(program.nodes[i].attrs["value"]) if program.nodes[i].op == Op.CONST else value[i]
                     for i in n.inputs]
             v = out.op(n.op, *args, **dict(n.attrs))
-            value[n.id] = out.op("div", v, scale[n.inputs[0]]) if n.inputs[0] in scale else v
+            value[n.id] = out.op(Op.DIV, v, scale[n.inputs[0]]) if n.inputs[0] in scale else v
     out.output(*(value[o] for o in program.outputs))
     return out
+
+
+def program_forms(program: Program) -> list[Program]:
+    """Equal forms of the program that change what a kernel computes where, proposed as starting
+    points of the search (the oracle admits their values, `Oracle(program, forms)`); a candidate
+    built from one is proved against the program itself, like any other."""
+    return [form for form in (_scales_into_smaller_operand(program),) if form is not None]
+
+
+def _scales_into_smaller_operand(program: Program) -> Program | None:
+    """The program with each scale of a product moved into the product's smaller operand, where
+    the algebra is exact: (X @ W) * s = (X * s) @ W for s constant along the product's columns
+    (a constant, or r of shape (M, 1)), = X @ (W * s) for s constant along its rows (s of shape
+    (1, N)); a quotient (X @ W) / s likewise. Scaling the smaller operand touches fewer elements,
+    and the scale then runs in the loop over the products' shared dim. Only products nothing else
+    reads nor returns, and scales no elementwise chain holds (`chain_runs`: moved out, the rest of
+    the chain is no chain of the space); None when the program has no such scale."""
+    readers: dict[str, list[Node]] = {}
+    for n in program.topological():
+        for i in n.inputs:
+            readers.setdefault(i, []).append(n)
+    moves: dict[str, tuple[str, int, str]] = {}  # scaling node -> (its product, operand index, scale)
+    chained = {n.id for run in chain_runs(program) for n in run}
+    for n in program.topological():
+        if n.op not in (Op.MUL, Op.DIV) or len(n.inputs) != 2 or n.id in chained:
+            continue  # a scale in a chain is one block op with the chain's other ops already
+        for pos in (0, 1) if n.op == Op.MUL else (0,):
+            m = program.nodes[n.inputs[pos]]
+            scale = program.nodes[n.inputs[1 - pos]]
+            if m.op != Op.MATMUL or m.id in program.outputs or len(readers.get(m.id, [])) != 1 or \
+                    len(m.shape) < 2 or n.shape != m.shape or scale.id == m.id:
+                continue
+            into = _scaled_operand(program, m, scale)
+            if into is not None:
+                moves[n.id] = (m.id, into, scale.id)
+                break
+    if not moves:
+        return None
+    out = Program(program.name)
+    value: dict[str, Tensor] = {}
+    moved = {m for m, _, _ in moves.values()}
+    for n in program.topological():
+        if n.op == "input":
+            value[n.id] = out.input(n.id, n.shape, n.dtype or "f32")
+        elif n.id in moved or n.op == Op.CONST:
+            continue
+        elif n.id in moves:
+            m_id, into, scale_id = moves[n.id]
+            by = program.nodes[scale_id]
+            factor: Tensor | float = float(by.attrs["value"]) if by.op == Op.CONST else value[scale_id]
+            operands = [value[i] for i in program.nodes[m_id].inputs]
+            operands[into] = out.op(n.op, operands[into], factor)
+            value[n.id] = out.op(Op.MATMUL, *operands)
+        else:
+            args = [float(program.nodes[i].attrs["value"]) if program.nodes[i].op == Op.CONST else value[i]
+                    for i in n.inputs]
+            value[n.id] = out.op(n.op, *args, **dict(n.attrs))
+    out.output(*(value[o] for o in program.outputs))
+    return out
+
+
+def _scaled_operand(program: Program, m: Node, scale: Node) -> int | None:
+    """Which operand of product `m` (0: X, 1: W) a scale of its result may move into: X when the
+    scale is constant along the result's columns, W when along its rows, each only when that
+    operand has fewer elements than the other; None when neither."""
+    x, w = (program.nodes[i] for i in m.inputs)
+    if len(x.shape) != len(m.shape) or len(w.shape) != len(m.shape) or x.shape[:-2] != w.shape[:-2]:
+        return None  # a broadcast batch: the scale's batch dims would not be the operand's
+    if scale.op == Op.CONST:
+        into_x = into_w = True
+    else:
+        s = scale.shape  # broadcast into the product: then into the operand too, which has its batch
+        if len(s) > len(m.shape) or any(d not in (1, e) for d, e in zip(reversed(s), reversed(m.shape), strict=False)):
+            return None
+        into_x = not s or s[-1] == 1  # constant along the product's columns
+        into_w = len(s) < 2 or s[-2] == 1  # constant along its rows
+    size_x, size_w = (int(np.prod(n.shape)) for n in (x, w))
+    if into_x and size_x < size_w:
+        return 0
+    if into_w and size_w < size_x:
+        return 1
+    return None
 
 
 def _signature(s: BlockState, first: int) -> tuple[Any, ...]:

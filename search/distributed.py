@@ -27,11 +27,12 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from superopt.api import ClusterUnreachable
 from superopt.config import SearchConfig
+from superopt.core.errors import ClusterUnreachable
+from superopt.core.progress import Progress
+from superopt.core.result import SearchStats
 from superopt.program import Program
-from superopt.result import SearchStats
-from superopt.search.driver import Outcome, Progress, Searcher, Shard, ShardResult, rare_full_collections, run_search
+from superopt.search.driver import Outcome, Searcher, Shard, ShardResult, rare_full_collections, run_search
 from superopt.search.space import space_of
 from superopt.targets import Target
 

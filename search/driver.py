@@ -1,6 +1,6 @@
 """The search loop: generate candidates, verify them, instantiate and rank the verified ones.
 
-The search runs depth by depth (kernel count); each depth is cut into shards — the choices of the
+A search (`Driver`) runs depth by depth (kernel count); each depth is cut into shards — the choices of the
 first kernel, optionally split further into parts of its block graphs (`Shard`) — that an executor
 runs: in this process one after another (`run_search`), or as Ray tasks
 (`superopt.search.distributed`). Split into parts, a first kernel's loop bodies are walked first,
@@ -43,15 +43,16 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from itertools import chain
-from typing import Any, ParamSpec, TypeVar
+from typing import ParamSpec, TypeVar
 
 from superopt import costmodel
 from superopt.assignments import first_assignment
 from superopt.build import unfused_baseline
 from superopt.config import SearchConfig
+from superopt.core.progress import Progress
+from superopt.core.result import SearchStats, Verdict
 from superopt.program import Program
-from superopt.result import SearchStats, Verdict
-from superopt.search.block import Body
+from superopt.search.block import Body, program_forms
 from superopt.search.instantiation import Ranked, rank
 from superopt.search.kernel import MIDDLES, BudgetExhausted, FirstChoice, KernelSearch
 from superopt.search.space import space_of
@@ -62,12 +63,11 @@ from superopt.targets import Target
 from superopt.verifier.oracle import Oracle
 from superopt.verifier.verify import verify
 
-Progress = Callable[[dict[str, Any]], None]
 P = ParamSpec("P")
 R = TypeVar("R")
 Key = tuple[float, int, str]  # how candidates are ordered: estimated time, kernel count, sGraph text
 CONTENDERS = 5  # best candidates a search proves when a GPU will re-time them (else only the best)
-PROBE_BLOCK_OPS = 5  # the probe's block graphs (see run_search)
+PROBE_BLOCK_OPS = 5  # the probe's block graphs (`Driver.probe`)
 PROBE_STATES = 40_000  # the probe's states at most
 PROBE_AFTER_STATES = 20_000  # a one-kernel search this large (its block space over every input) calls for a probe
 PROBE_ROOM = 2.0  # a best time this many times two kernels' least calls for a probe four times as early
@@ -99,7 +99,6 @@ class Outcome:
     stats: SearchStats
     rejected: list[tuple[str, str]] = field(default_factory=list)  # (sGraph name, why), for reports
     dominated: list[SGraph] = field(default_factory=list)  # not verified: behind CONTENDERS verified ones
-    bounds: Counter[str] = field(default_factory=Counter)  # what the time bound cut, by floor (`Floors._cut`)
 
     @property
     def best(self) -> Verified:
@@ -113,15 +112,15 @@ class Shard:
     part: tuple[int, int] = (1, 0)  # (parts, index) of the first kernel's block graphs
     contenders: tuple[Key, ...] = ()  # the best verified when its depth began (the verification bound)
     keep: int = 1  # how many of the best candidates must be verified
-    walk: bool = False  # only walk this part of the first kernel's loop bodies (see run_search)
+    walk: bool = False  # only walk this part of the first kernel's loop bodies (`Driver.walk_loop_bodies`)
     bodies: tuple[Body, ...] | None = None  # the first kernel's loop bodies of this part, walked beforehand
     deeper: bool = False  # also return this part's first kernels of deeper graphs (`KernelSearch.first_kernels`)
     firsts: tuple[KState, ...] | None = None  # first kernels dealt out to this shard (instead of its part)
     middle: str | None = None  # from three kernels on: the kind of second kernel (`KernelSearch.candidates_in`)
-    settle: tuple[tuple[Key, SGraph], ...] = ()  # tied candidates to prove instead, best first (see run_search)
+    settle: tuple[tuple[Key, SGraph], ...] = ()  # tied candidates to prove instead, best first (`Driver.settle`)
     # States of this shard during which candidates are held, not proved (what is left of the
     # search's first `HOLD_STATES`): a small search meets a fused candidate, then a faster one,
-    # within a hundred states; proving both cost two proofs (a third of rmsnorm_matmul's search).
+    # within a hundred states; proving both costs two proofs (a large share of a small search).
     # Held ones, with those that earlier shards held (`held`), are proved best first once the
     # shard has visited that many states (at the next candidate, or its end); else they go back
     # to the driver, which hands them to the next shard. Counted in states, not time, so that a
@@ -160,10 +159,13 @@ class Searcher:
         # The search leaves out views at the program's edges; its candidates get them back here.
         self.views = ProgramViews(program)
         searched = self.views.program
-        self.search = KernelSearch(searched, space_of(searched), Oracle(searched), config, on_state=on_state,
+        # The oracle admits the values of the program's equal forms too (`program_forms`): starting
+        # points of the search, each candidate still proved against the program.
+        oracle = Oracle(searched, forms=program_forms(searched))
+        self.search = KernelSearch(searched, space_of(searched), oracle, config, on_state=on_state,
                                    target=target, views=self.views)
         # candidate text -> its verification, why it was dropped, or its ranking (not verified yet);
-        # shared with a probe's searcher (`run_search`): neither depends on the search bounds
+        # shared with a probe's searcher (`Driver.probe`): neither depends on the search bounds
         self.decided: dict[str, Verified | str | list[Ranked]] = {} if decided is None else decided
         # keys of candidates proved elsewhere while a shard runs here (by the probe it ran): they
         # tighten its bound at once (`run`)
@@ -172,7 +174,7 @@ class Searcher:
     def forget(self) -> None:
         """Break the reference cycles of a finished search (`KernelSearch.forget`, the callbacks):
         dropped, it is then freed at once by reference counting. A full collection would find it
-        too, but walks every live object to do so (0.15-0.25 s after rmsnorm_mlp)."""
+        too, but walks every live object to do so, slowly after a large search."""
         self.search.forget()
         self.on_verified = None
 
@@ -281,8 +283,8 @@ class Searcher:
 
         def on_state(k: KernelSearch) -> None:
             # Past the holding states the held are proved at once, not at the next candidate: a
-            # block space may yield none for the rest of the budget (qknorm_gqa:ci's first kernel
-            # held its winner from state 300 and proved it only when 8 s were up).
+            # block space may yield none for the rest of the budget, and a winner held until then
+            # would be proved only when the budget is spent.
             if held and k.total_states - states0 >= shard.hold_states:
                 prove_held()
             if outer is not None:
@@ -336,8 +338,8 @@ class Searcher:
 def rare_full_collections() -> tuple[int, int, int]:
     """A search keeps millions of long-lived objects (memoized block graphs and states) and makes
     little cyclic garbage, yet CPython walks every object in a full collection each time the heap
-    has grown by a quarter: rmsnorm_mlp took 7 of them, 0.7 s of 6 s, collecting almost nothing.
-    A full collection now waits for 100 collections of the middle generation instead of 10 (the
+    has grown by a quarter, spending a noticeable share of a search collecting almost nothing.
+    A full collection waits for `FULL_COLLECTION_AFTER` collections of the middle generation (the
     young ones, which catch short-lived cycles, are unchanged). Returns the old thresholds."""
     young, middle, old = gc.get_threshold()
     gc.set_threshold(young, middle, max(old, FULL_COLLECTION_AFTER))
@@ -375,153 +377,236 @@ def run_search(
     `parts` splits every shard's first block space that many ways (for more, smaller shards),
     `walk_parts` (default `parts`) the walk of its loop bodies, `contenders` best candidates are
     verified (the others only as far as they rank ahead)."""
-    t0 = time.monotonic()
-    stats = stats or SearchStats(symbolic=not config.concrete)
-    deadline = time.time() + budget_s if budget_s else float("inf")
-    outcome = Outcome([], stats)
-    seen: set[str] = set()
-    unproved: dict[str, SGraph] = {}  # dominated candidates, in the order they were merged
-    tied: dict[str, tuple[Key, SGraph]] = {}  # deferred candidates not settled yet, by text
-    pending: list[tuple[Key, SGraph]] = []  # candidates shards held, for the next shard to prove (`Shard.held`)
-    last = [0.0]
+    return Driver(program, target, config, budget_s=budget_s, max_states=max_states, progress=progress,
+                  executor=executor, parts=parts, walk_parts=walk_parts, stats=stats, contenders=contenders).run()
 
-    live_best = [float("inf")]  # best verified in this process, before its shard is merged
 
-    def report(phase: str, live_states: int = 0, live_pruned: int = 0) -> None:
-        stats.seconds = time.monotonic() - t0
-        if progress is not None:
-            best: float | None = min([v.best.estimate.time_us for v in outcome.verified] + live_best)
-            best = None if best == float("inf") else best
-            progress({
-                "phase": phase, "states": stats.states + live_states, "pruned": stats.pruned + live_pruned,
-                "verified": stats.verified, "best_time_us": best, "seconds": round(stats.seconds, 2),
-            })
+# First kernels of deeper graphs that a depth's `deeper` shards made, by choice: (part index, first kernels)
+Gathered = dict[FirstChoice, list[tuple[int, list[FirstKernel]]]]
 
-    def tick(ks: KernelSearch) -> None:
-        searched = stats.states + ks.total_states - base_states[0]
-        if probing and ks is local.search and depth_now[0] == 1 and searched >= PROBE_AFTER_STATES // 4 \
-                and searched >= probe_after(ks):
-            run_probe = probing.pop()  # decided once: the best only gets faster, deeper graphs no likelier
-            if deeper_may_win(2, ks):
-                run_probe(1, *live(ks))
-                local.learned.extend(best_keys())  # the interrupted shard's bound
-        now = time.monotonic()
-        if now - last[0] > 0.5:
-            last[0] = now
-            report("search" if ks is local.search else "probe", *live(ks))
 
-    def live(ks: KernelSearch) -> tuple[int, int]:
-        """States and pruned of the running shard (with those of the shard a probe interrupted)."""
-        return ks.total_states - base_states[0] + paused[0], ks.total_pruned - base_pruned[0] + paused[1]
+class Driver:
+    """One search (`run_search`), its phases as methods that `run` calls in order: the baseline,
+    the program split, then each depth (`search_depth`: the probe when workers ran the one-kernel
+    search, the loop-body walks, the settling of the last depth's ties, the depth's shards), and
+    `finish` (what is still held or tied, settled; the contenders kept).
 
-    held = [float("inf")]  # the best estimated time held so far
+    One step is not in that order: the probe that interrupts the one-kernel shard running in this
+    process starts from that shard's state callback (`_tick`). It must: that shard may outlast the
+    budget, and what the probe proves bounds the rest of it at once (`Searcher.learned`)."""
 
-    def hold(v: Verified) -> None:
-        """Note when the search first held a candidate as fast as its winner (proved here, or
-        merged from a worker's shard); ties found later change nothing a user waits for."""
-        if v.sort_key()[0] < held[0]:
-            held[0] = v.sort_key()[0]
-            stats.best_found_s = round(time.monotonic() - t0, 3)
+    def __init__(
+        self, program: Program, target: Target, config: SearchConfig, *, budget_s: float | None,
+        max_states: int | None, progress: Progress | None, executor: Executor | None, parts: int,
+        walk_parts: int | None, stats: SearchStats | None, contenders: int,
+    ) -> None:
+        self.program, self.target, self.config = program, target, config
+        self.max_states, self.progress, self.executor = max_states, progress, executor
+        self.parts, self.walk_parts, self.contenders = parts, walk_parts or parts, contenders
+        self.t0 = time.monotonic()
+        self.stats = stats or SearchStats(symbolic=not config.concrete)
+        self.deadline = time.time() + budget_s if budget_s else float("inf")
+        self.outcome = Outcome([], self.stats)
+        self.seen: set[str] = set()  # texts of the verified candidates merged
+        self.unproved: dict[str, SGraph] = {}  # dominated candidates, in the order they were merged
+        self.tied: dict[str, tuple[Key, SGraph]] = {}  # deferred candidates not settled yet, by text
+        self.pending: list[tuple[Key, SGraph]] = []  # candidates shards held, for the next shard (`Shard.held`)
+        self.reported = 0.0  # when progress was last reported
+        self.live_best_us = float("inf")  # best verified in this process, before its shard is merged
+        self.held_s = float("inf")  # the best estimated time held so far
+        self.local = Searcher(program, target, config, on_state=self._tick, on_verified=self._found)
+        self.running = self.local.search  # the kernel search of the shard running in this process
+        self.base_states = self.base_pruned = 0  # its counts when that shard began
+        self.paused_states = self.paused_pruned = 0  # of the shard a probe interrupts (not merged yet)
+        self.probe_pending = config.max_block_ops > PROBE_BLOCK_OPS and not config.concrete
+        self.depth = 0  # the depth being searched
+        self.unsettled = False  # a finished depth's ties are not settled yet
+        self.floor_s = costmodel.floor(program, target).time_s
+        self.walked: dict[tuple[FirstChoice, int], tuple[Body, ...]] = {}  # first kernels' loop bodies, by part
+        # Split into parts, a graph choice's first kernels for deeper graphs are made by the shards that
+        # generated its block graphs (by part, `Shard.deeper`), then gathered here and dealt out.
+        self.dealt: dict[FirstChoice, list[KState]] = {}
 
-    def found(v: Verified) -> None:
-        hold(v)
-        if v.best.estimate.time_us < live_best[0]:
-            live_best[0] = v.best.estimate.time_us
-            report("found", *live(running[0]))
+    def run(self) -> Outcome:
+        self.prove_baseline()
+        self.split()
+        self.local.search.keep = self.contenders  # first kernels dealt out (`deal`) are beaten by this many
+        for depth in range(1, self.config.max_kernel_ops + 1):
+            if not self.search_depth(depth):
+                break
+        self.finish()
+        return self.outcome
 
-    base_states, base_pruned = [0], [0]
-    local = Searcher(program, target, config, on_state=tick, on_verified=found)
-    running = [local.search]  # the kernel search of the shard running in this process
-    # The probe while it is still to come (cleared at the end: the probe and the progress callback
-    # that runs it refer to each other, a cycle that would keep the whole search alive).
-    probing: list[Callable[..., None]] = []
-    depth_now = [0]  # the depth being searched
-    paused = [0, 0]  # states and pruned of the shard a probe interrupts (not merged yet)
+    # -- the phases, in the order `run` calls them ------------------------------------------------
+    def prove_baseline(self) -> None:
+        """The unfused baseline, verified first: whatever the budget, the search returns it."""
+        baseline: list[Verified] = []
+        self.local.consider(unfused_baseline(self.program), baseline, self.outcome.rejected)
+        self.merge(ShardResult(Shard(0, ("baseline", None)), baseline, [], 0, 0, False))
 
-    def merge(result: ShardResult) -> None:
+    def split(self) -> None:
+        """The program cut into parts that each fit a kernel, before any shard (a concrete search's
+        split tries every concrete tiling of each part, attention_projections' for minutes: within
+        the budgets). What it proves bounds every shard."""
+        self.merge(self.local.consider_best(self.split_schedules(self.local, self.max_states), self.contenders))
+
+    def search_depth(self, depth: int) -> bool:
+        """Every kernel graph of `depth` kernels; False when the search stops instead (deeper graphs
+        cannot win, or the budget ran out)."""
+        self.depth = depth
+        ks = self.local.search
+        if self.unsettled and any(key[0] <= self.least_s(depth, ks) for key, _ in self.waiting()):
+            self.settle()  # a candidate held or tied may be fast enough to stop the deepening: proved first
+        if not self.deeper_may_win(depth, ks):
+            return False
+        if depth == 2 and self.probe_pending and self.stats.states >= PROBE_AFTER_STATES:
+            self.probe_pending = False  # the one-kernel search ran elsewhere (workers), whole: `_tick` did not see it
+            self.probe(2)
+            if self.stats.budget_exhausted or not self.deeper_may_win(depth, ks):
+                return False
+        choices = ks.first_choices(depth)
+        if self.parts > 1 and not self.config.concrete:
+            self.walk_loop_bodies(depth, choices)
+            if self.stats.budget_exhausted:
+                return False
+        if self.unsettled:  # no walks ran: settled here
+            self.settle()
+        gathered, bounded = self.run_shards(depth, choices)
+        if self.stats.budget_exhausted:
+            return False
+        self.deal(gathered)
+        self.unheld()
+        self.unsettled = True
+        if self.stats.generic_depth == self.stats.depth and not bounded:
+            self.stats.generic_depth = depth  # every graph of this many kernels was generated: for any shape
+        self.stats.depth = depth
+        return True
+
+    def walk_loop_bodies(self, depth: int, choices: list[FirstChoice]) -> None:
+        """Every part of a first kernel's block graphs starts from the same loop bodies: walk them
+        in parts first (once per choice: deeper graphs start the same way), with the last depth's
+        ties (`settle_shards`), then keep those of each part for its graph shard (`shards_of`)."""
+        todo = [c for c in choices if c[0] == "graph" and (c, 0) not in self.walked and c not in self.dealt]
+        found: dict[FirstChoice, list[Body]] = {c: [] for c in todo}
+        walks = self.walk_parts
+        walking = chain(self.settle_shards(depth), (Shard(depth, c, (walks, i), walk=True) for c in todo
+                                                    for i in range(walks)))
+        for result in self.execute(walking):
+            self.merge(result)
+            if result.shard.walk:
+                found[result.shard.choice] += result.bodies
+        if self.stats.budget_exhausted:
+            return
+        for c, bodies in found.items():
+            for i in range(self.parts):
+                self.walked[c, i] = tuple(b for b in bodies if b[1] % self.parts == i)
+
+    def run_shards(self, depth: int, choices: list[FirstChoice]) -> tuple[Gathered, bool]:
+        """The depth's shards, each made when the executor takes it, with the best proved by then:
+        shards that start later verify less. Split among workers, library first kernels go first:
+        long work should not start last. From three kernels on, every choice's graphs with a
+        library second kernel come first (a few moves each), then those with a graph-defined one
+        (a block space per first kernel). Returns the first kernels of deeper graphs the shards
+        made, and whether the time bound cut any state."""
+        order = sorted(choices, key=lambda c: c[0] == "graph") if self.parts > 1 else choices
+        shards = (shard for middle in (MIDDLES if depth >= 3 else (None,))
+                  for choice in order for shard in self.shards_of(depth, choice, middle))
+        gathered: Gathered = {}
+        bounded = False
+        for result in self.execute(shards):
+            self.merge(result)
+            bounded |= result.bounded > 0
+            if result.shard.deeper:
+                gathered.setdefault(result.shard.choice, []).append((result.shard.part[1], result.firsts))
+            self.report("verify")
+        return gathered, bounded
+
+    def deal(self, gathered: Gathered) -> None:
+        """The first kernels of deeper graphs made in parts, beaten across parts too (in a fixed
+        order), to be dealt out to the next depth's shards (`shards_of`)."""
+        for choice, by_part in gathered.items():
+            union = [f for _, firsts in sorted(by_part, key=lambda p: p[0]) for f in firsts]
+            self.dealt[choice] = [f.state for f in self.local.search.floors.undominated(union)]
+
+    def finish(self) -> None:
+        """The candidates still held or tied, settled, and the result's contenders kept. A depth the
+        budget cut short leaves its ties unproved, not the held candidates faster than the best
+        proved: found within the budget, they would have been proved then."""
+        self.unheld()
+        self.settle(faster=self.stats.budget_exhausted and not self.unsettled)
+        self.unproved.update((text, sg) for text, (_, sg) in self.tied.items() if text not in self.unproved)
+        _keep_contenders(self.outcome, self.unproved, self.contenders)
+        self.local.forget()  # its callbacks are this driver's methods: a cycle, broken
+        self.stats.seconds = time.monotonic() - self.t0
+        self.stats.peak_rss_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        self.report("done")
+
+    # -- shards ---------------------------------------------------------------------------------
+    def execute(self, shards: Iterator[Shard]) -> Iterable[ShardResult]:
+        """The shards run by the executor (default: `in_process`), within the states left."""
+        run = self.executor or self.in_process
+        return run(shards, self.deadline, None if self.max_states is None else self.max_states - self.stats.states)
+
+    def in_process(self, shards: Iterator[Shard], deadline: float, states_left: int | None) -> Iterator[ShardResult]:
+        """The default executor: each shard in this process, within the states left when it starts."""
+        for shard in shards:
+            self.begin(self.local.search)
+            yield self.local.run(shard, deadline, None if self.max_states is None
+                                 else max(0, self.max_states - self.stats.states))
+
+    def begin(self, ks: KernelSearch) -> None:
+        """A shard starts in this process on `ks`: what it counted before is merged already."""
+        self.base_states, self.base_pruned = ks.total_states, ks.total_pruned
+
+    def shards_of(self, depth: int, choice: FirstChoice, middle: str | None) -> Iterator[Shard]:
+        """A choice's shards, each made with the best proved when it is taken: its dealt first
+        kernels in `parts` shares, or its parts (a library choice splits only when its second
+        kernel is the last: split deeper, the parts would each search the same last kernels
+        again); from three kernels on, those with a `middle` second kernel."""
+        parts = self.parts
+        if choice in self.dealt:
+            for i in range(parts):
+                if firsts := tuple(self.dealt[choice][i::parts]):
+                    yield Shard(depth, choice, (parts, i), self.best_keys(), self.contenders, firsts=firsts,
+                                middle=middle, hold_states=self.holding(), held=self.handed())
+            return
+        deeper = parts > 1 and depth < self.config.max_kernel_ops and choice[0] == "graph" and middle != "graph"
+        for i in range(parts if choice[0] == "graph" or depth == 2 else 1):
+            yield Shard(depth, choice, (parts, i), self.best_keys(), self.contenders,
+                        bodies=self.walked.get((choice, i)), deeper=deeper, middle=middle,
+                        hold_states=self.holding(), held=self.handed())
+
+    def merge(self, result: ShardResult) -> None:
+        stats = self.stats
         stats.states += result.states
         stats.pruned += result.pruned
-        outcome.rejected.extend(result.rejected)
+        self.outcome.rejected.extend(result.rejected)
         stats.rejected += len(result.rejected)
         for v in result.verified:
             text = v.sgraph.dumps()
-            if text not in seen:
-                seen.add(text)
-                outcome.verified.append(v)
+            if text not in self.seen:
+                self.seen.add(text)
+                self.outcome.verified.append(v)
                 stats.verified += 1
-                hold(v)
+                self.note_held(v)
         for sg in result.dominated:
-            text = sg.dumps()
-            if text not in unproved:
-                unproved[text] = sg
+            self.unproved.setdefault(sg.dumps(), sg)
         for key, sg in result.deferred:
-            tied.setdefault(key[2], (key, sg))
-        pending.extend(result.held)
+            self.tied.setdefault(key[2], (key, sg))
+        self.pending.extend(result.held)
         stats.budget_exhausted |= result.exhausted
-        outcome.bounds.update(result.cuts)
+        for floor, cut in result.cuts.items():
+            stats.bounds[floor] = stats.bounds.get(floor, 0) + cut
 
-    def holding() -> int:
-        """What is left of the search's first `HOLD_STATES` states (the probe's included)."""
-        return max(0, HOLD_STATES - stats.states - paused[0])
+    def best_keys(self) -> tuple[Key, ...]:
+        return tuple(sorted(v.sort_key() for v in self.outcome.verified)[:self.contenders])
 
-    def handed() -> tuple[tuple[Key, SGraph], ...]:
-        """The candidates held so far, handed to the shard being made (taken from the driver)."""
-        out = tuple(pending)
-        pending.clear()
-        return out
-
-    def unheld() -> None:
-        """Candidates still held (no shard came after them) join the ties the driver settles."""
-        for key, sg in handed():
-            tied.setdefault(key[2], (key, sg))
-
-    def best_keys() -> tuple[Key, ...]:
-        return tuple(sorted(v.sort_key() for v in outcome.verified)[:contenders])
-
-    def waiting(faster: bool = False) -> list[tuple[Key, SGraph]]:
-        """Deferred candidates that rank ahead of the `contenders`-th best proved, best first;
-        `faster`: only those faster than it (not its ties)."""
-        proved = sorted(v.sort_key() for v in outcome.verified)
-        cut = proved[contenders - 1] if len(proved) >= contenders else None
-        return sorted((e for e in tied.values() if e[0][2] not in seen and (
-            cut is None or (e[0][0] < cut[0] if faster else e[0] < cut))), key=lambda e: e[0])
-
-    def settle(faster: bool = False) -> None:
-        """Verify deferred candidates, best first, until the best `contenders` are all proved.
-        Shards defer a candidate that ties the proved one it must beat in time and kernel count
-        (it would win only by its text): shards find such ties in an order of their own, and
-        proving each tie as found would repeat proofs across shards; one proof here usually does.
-        They also defer the candidates held early in a search (`Shard.hold_states`)."""
-        base_states[0], base_pruned[0] = local.search.total_states, local.search.total_pruned  # all merged: none live
-        while shard := settle_shard(0, faster):
-            merge(local.run(shard, deadline, None))
-
-    def settle_shard(depth: int, faster: bool = False) -> Shard | None:
-        """The waiting ties, taken out of `tied` (those not reached come back deferred)."""
-        entries = waiting(faster)
-        if not entries:
-            return None
-        for key, _ in entries:
-            tied.pop(key[2])
-        return Shard(depth, ("settle", None), contenders=best_keys(), keep=contenders, settle=tuple(entries))
-
-    unsettled = [False]  # a finished depth's ties are not settled yet
-
-    def settle_shards(depth: int) -> Iterator[Shard]:
-        """The finished depth's ties as one shard, for an executor to prove while it runs the next
-        depth's first shards (loop-body walks, which no bound changes): shards made meanwhile
-        carry a bound that is not settled yet, which only defers more ties (a tie's key is behind
-        the one it ties); `settle` at the end proves whatever is still waiting."""
-        if unsettled[0] and (shard := settle_shard(depth)):
-            yield shard
-        unsettled[0] = False
-
-    def split_schedules(searcher: Searcher, states_left: int | None, whole: bool = False) -> list[SGraph]:
+    def split_schedules(self, searcher: Searcher, states_left: int | None, whole: bool = False) -> list[SGraph]:
         """`KernelSearch.program_split` (`whole`: also of a program that fits one block graph by
         its counts) within the deadline and `states_left`, its candidates with their views."""
-        ks = searcher.search
+        ks, stats = searcher.search, self.stats
         states, pruned = ks.total_states, ks.total_pruned
-        ks.deadline, ks.max_states = deadline, None if states_left is None else states + max(0, states_left)
+        ks.deadline, ks.max_states = self.deadline, None if states_left is None else states + max(0, states_left)
         try:
             return [searcher.views.unfold(sg) for sg in ks.program_split(whole)]
         except BudgetExhausted:
@@ -529,194 +614,195 @@ def run_search(
         finally:
             stats.states += ks.total_states - states
             stats.pruned += ks.total_pruned - pruned
-            stats.budget_exhausted |= time.time() > deadline or (max_states is not None and stats.states >= max_states)
+            stats.budget_exhausted |= time.time() > self.deadline or (
+                self.max_states is not None and stats.states >= self.max_states)
 
-    baseline: list[Verified] = []
-    local.consider(unfused_baseline(program), baseline, outcome.rejected)
-    merge(ShardResult(Shard(0, ("baseline", None)), baseline, [], 0, 0, False))
-    # Before any shard (a concrete search's split tries every concrete tiling of each part,
-    # attention_projections' for minutes: within the budgets).
-    merge(local.consider_best(split_schedules(local, max_states), contenders))
+    # -- held candidates (`Shard.hold_states`) ----------------------------------------------------
+    def holding(self) -> int:
+        """What is left of the search's first `HOLD_STATES` states (the probe's included)."""
+        return max(0, HOLD_STATES - self.stats.states - self.paused_states)
 
-    def probe(first_depth: int, live_states: int = 0, live_pruned: int = 0) -> None:
+    def handed(self) -> tuple[tuple[Key, SGraph], ...]:
+        """The candidates held so far, handed to the shard being made (taken from the driver)."""
+        out = tuple(self.pending)
+        self.pending.clear()
+        return out
+
+    def unheld(self) -> None:
+        """Candidates still held (no shard came after them) join the ties the driver settles."""
+        for key, sg in self.handed():
+            self.tied.setdefault(key[2], (key, sg))
+
+    def note_held(self, v: Verified) -> None:
+        """Note when the search first held a candidate as fast as its winner (proved here, or
+        merged from a worker's shard); ties found later change nothing a user waits for."""
+        if v.sort_key()[0] < self.held_s:
+            self.held_s = v.sort_key()[0]
+            self.stats.best_found_s = round(time.monotonic() - self.t0, 3)
+
+    # -- settling ties ----------------------------------------------------------------------------
+    def waiting(self, faster: bool = False) -> list[tuple[Key, SGraph]]:
+        """Deferred candidates that rank ahead of the `contenders`-th best proved, best first;
+        `faster`: only those faster than it (not its ties)."""
+        proved = sorted(v.sort_key() for v in self.outcome.verified)
+        cut = proved[self.contenders - 1] if len(proved) >= self.contenders else None
+        return sorted((e for e in self.tied.values() if e[0][2] not in self.seen and (
+            cut is None or (e[0][0] < cut[0] if faster else e[0] < cut))), key=lambda e: e[0])
+
+    def settle(self, faster: bool = False) -> None:
+        """Verify deferred candidates, best first, until the best `contenders` are all proved.
+        Shards defer a candidate that ties the proved one it must beat in time and kernel count
+        (it would win only by its text): shards find such ties in an order of their own, and
+        proving each tie as found would repeat proofs across shards; one proof here usually does.
+        They also defer the candidates held early in a search (`Shard.hold_states`)."""
+        self.unsettled = False
+        self.begin(self.local.search)  # all merged: none live
+        while shard := self.settle_shard(0, faster):
+            self.merge(self.local.run(shard, self.deadline, None))
+
+    def settle_shard(self, depth: int, faster: bool = False) -> Shard | None:
+        """The waiting ties, taken out of `tied` (those not reached come back deferred)."""
+        entries = self.waiting(faster)
+        if not entries:
+            return None
+        for key, _ in entries:
+            self.tied.pop(key[2])
+        return Shard(depth, ("settle", None), contenders=self.best_keys(), keep=self.contenders,
+                     settle=tuple(entries))
+
+    def settle_shards(self, depth: int) -> Iterator[Shard]:
+        """The finished depth's ties as one shard, for an executor to prove while it runs the next
+        depth's first shards (loop-body walks, which no bound changes): shards made meanwhile
+        carry a bound that is not settled yet, which only defers more ties (a tie's key is behind
+        the one it ties); `finish` proves whatever is still waiting."""
+        if self.unsettled and (shard := self.settle_shard(depth)):
+            yield shard
+        self.unsettled = False
+
+    # -- the bound on depth -----------------------------------------------------------------------
+    def best_s(self) -> float:
+        """The best verified time: merged, or proved by the shard running here."""
+        return min([v.best.estimate.time_s for v in self.outcome.verified] + [self.live_best_us * 1e-6])
+
+    def least_s(self, depth: int, ks: KernelSearch) -> float:
+        """Any schedule of `depth` kernels pays that many launches over the program's physical floor."""
+        return self.floor_s + ks.space.launches(depth) * self.target.launch_overhead_s
+
+    def deeper_may_win(self, depth: int, ks: KernelSearch) -> bool:
+        """Once the best verified schedule is as fast as `least_s`, deeper kernel graphs cannot win."""
+        return self.best_s() > self.least_s(depth, ks)
+
+    # -- the probe --------------------------------------------------------------------------------
+    def probe_after(self, ks: KernelSearch) -> int:
+        """One-kernel states before the probe: `PROBE_AFTER_STATES`, or a quarter of that when two
+        kernels have much room to win (the best so far takes over `PROBE_ROOM` times their least):
+        a program whose winner takes several kernels is probed, and reaches it, sooner; one whose
+        best so far is already near two kernels' least keeps its one-kernel search longer, which
+        is where such a winner is found."""
+        return PROBE_AFTER_STATES // 4 if self.best_s() > PROBE_ROOM * self.least_s(2, ks) else PROBE_AFTER_STATES
+
+    def probe_due(self, ks: KernelSearch) -> bool:
+        """Whether the one-kernel shard running here on `ks` has searched enough states to be
+        interrupted by the probe."""
+        if not (self.probe_pending and ks is self.local.search and self.depth == 1):
+            return False
+        searched = self.stats.states + ks.total_states - self.base_states
+        return searched >= PROBE_AFTER_STATES // 4 and searched >= self.probe_after(ks)
+
+    def probe(self, first_depth: int, live_states: int = 0, live_pruned: int = 0) -> None:
         """Anytime, for large searches: once the one-kernel search has reached `probe_after`
-        states (from the progress callback, in this process), or `PROBE_AFTER_STATES` (between
-        depths, when workers ran it), the program cut into parts (`program_split`, even when it
-        fits one block graph by its counts), then the same search with block graphs of at most
-        `PROBE_BLOCK_OPS` ops, library ops only
-        between the first kernel and the last, for at most `PROBE_STATES` states, from
-        `first_depth` kernels on. Its block spaces are small, and winners are often among its
-        graphs: the whole one-kernel search walks the post-loop graphs of every small loop body
-        (up to 10 ops after a 1-op body) before any larger body, and deeper graphs wait for it.
-        qknorm_gqa's winner is held after 6 s (`probe_after`); random programs whose one-kernel
-        search outlasts a 15 s budget get a fused kernel (a 5-op chain) or two (a 9-op chain)
-        instead of the unfused baseline. What it proves bounds the later shards. A searcher of
-        its own: the interrupted one resumes as it was. Its candidates belong to the whole
-        search's space; no depth is counted as searched."""
-        small = Searcher(program, target, replace(config, max_block_ops=PROBE_BLOCK_OPS), on_state=tick,
-                         on_verified=found, decided=local.decided)
+        states (interrupting its shard, `_tick`), or `PROBE_AFTER_STATES` (between depths, when
+        workers ran it), the program cut into parts (`program_split`, even when it fits one block
+        graph by its counts), then the same search with block graphs of at most `PROBE_BLOCK_OPS`
+        ops, library ops only between the first kernel and the last, for at most `PROBE_STATES`
+        states, from `first_depth` kernels on. Its block spaces are small, and winners are often
+        among its graphs: the whole one-kernel search walks the post-loop graphs of every small
+        loop body (up to 10 ops after a 1-op body) before any larger body, and deeper graphs wait
+        for it, so a program whose one-kernel search outlasts a short budget still gets fused
+        kernels from the probe rather than the unfused baseline. What it proves bounds the later
+        shards. Searchers
+        of its own: the interrupted one resumes as it was (`live_states` and `live_pruned` are its
+        shard's, not merged yet). Its candidates belong to the whole search's space; no depth is
+        counted as searched."""
+        program, target, config, stats = self.program, self.target, self.config, self.stats
+        small = Searcher(program, target, replace(config, max_block_ops=PROBE_BLOCK_OPS), on_state=self._tick,
+                         on_verified=self._found, decided=self.local.decided)
         used = stats.states + live_states
-        left = PROBE_STATES if max_states is None else min(PROBE_STATES, max_states - used)
-        saved = base_states[0], base_pruned[0]
-        paused[:] = [live_states, live_pruned]
+        left = PROBE_STATES if self.max_states is None else min(PROBE_STATES, self.max_states - used)
+        saved = self.base_states, self.base_pruned
+        self.paused_states, self.paused_pruned = live_states, live_pruned
         try:
             # First the program cut into parts of the whole search's block size (a searcher of
             # that size: a part's own block graph may hold more ops than the part, its norm
             # applied after its products).
             before = stats.states
-            wide = Searcher(program, target, config, on_state=tick, on_verified=found, decided=local.decided)
-            running[0] = wide.search
-            base_states[0], base_pruned[0] = wide.search.total_states, wide.search.total_pruned
-            merge(wide.consider_best(split_schedules(wide, left, whole=True), contenders))
+            wide = Searcher(program, target, config, on_state=self._tick, on_verified=self._found,
+                            decided=self.local.decided)
+            self.running = wide.search
+            self.begin(wide.search)
+            self.merge(wide.consider_best(self.split_schedules(wide, left, whole=True), self.contenders))
             wide.forget()
             left -= stats.states - before
-            running[0] = small.search
+            self.running = small.search
             for depth in range(first_depth, config.max_kernel_ops + 1):
-                if left <= 0 or not deeper_may_win(depth, small.search):
+                if left <= 0 or not self.deeper_may_win(depth, small.search):
                     return
                 for choice in small.search.first_choices(depth):
-                    base_states[0], base_pruned[0] = small.search.total_states, small.search.total_pruned
-                    result = small.run(Shard(depth, choice, contenders=best_keys(), keep=contenders,
-                                             middle="library" if depth >= 3 else None, hold_states=holding(),
-                                             held=handed()),
-                                       deadline, left)
-                    merge(replace(result, exhausted=False))
+                    self.begin(small.search)
+                    result = small.run(Shard(depth, choice, contenders=self.best_keys(), keep=self.contenders,
+                                             middle="library" if depth >= 3 else None, hold_states=self.holding(),
+                                             held=self.handed()),
+                                       self.deadline, left)
+                    self.merge(replace(result, exhausted=False))
                     left -= result.states
                     if result.exhausted:
-                        stats.budget_exhausted |= time.time() > deadline
+                        stats.budget_exhausted |= time.time() > self.deadline
                         return
         finally:
             small.forget()
-            running[0] = local.search
-            base_states[0], base_pruned[0] = saved
-            paused[:] = [0, 0]
-            if live_states and local.search.max_states is not None:  # the interrupted shard's cap counts them
-                local.search.max_states -= stats.states + live_states - used
+            self.running = self.local.search
+            self.base_states, self.base_pruned = saved
+            self.paused_states = self.paused_pruned = 0
+            if live_states and self.local.search.max_states is not None:  # the interrupted shard's cap counts them
+                self.local.search.max_states -= stats.states + live_states - used
 
-    if config.max_block_ops > PROBE_BLOCK_OPS and not config.concrete:
-        probing.append(probe)
-    floor_s = costmodel.floor(program, target).time_s
+    # -- the kernel searches' callbacks, in this process --------------------------------------------
+    def _tick(self, ks: KernelSearch) -> None:
+        """At each state of a kernel search running here: the probe once it is due (within the
+        one-kernel shard, which then resumes bounded by what the probe proved), and progress
+        twice a second."""
+        if self.probe_due(ks):
+            self.probe_pending = False  # decided once: the best only gets faster, deeper graphs no likelier
+            if self.deeper_may_win(2, ks):
+                self.probe(1, *self.live(ks))
+                self.local.learned.extend(self.best_keys())  # the interrupted shard's bound
+        now = time.monotonic()
+        if now - self.reported > 0.5:
+            self.reported = now
+            self.report("search" if ks is self.local.search else "probe", *self.live(ks))
 
-    def best_s() -> float:
-        """The best verified time: merged, or proved by the shard running here."""
-        return min([v.best.estimate.time_s for v in outcome.verified] + [live_best[0] * 1e-6])
+    def _found(self, v: Verified) -> None:
+        """A candidate verified here, before its shard is merged: progress shows it at once."""
+        self.note_held(v)
+        if v.best.estimate.time_us < self.live_best_us:
+            self.live_best_us = v.best.estimate.time_us
+            self.report("found", *self.live(self.running))
 
-    def least_s(depth: int, ks: KernelSearch) -> float:
-        """Any schedule of `depth` kernels pays that many launches over the program's physical floor."""
-        return floor_s + ks.space.launches(depth) * target.launch_overhead_s
+    def live(self, ks: KernelSearch) -> tuple[int, int]:
+        """States and pruned of the running shard (with those of the shard a probe interrupted)."""
+        return (ks.total_states - self.base_states + self.paused_states,
+                ks.total_pruned - self.base_pruned + self.paused_pruned)
 
-    def deeper_may_win(depth: int, ks: KernelSearch) -> bool:
-        """Once the best verified schedule is as fast as `least_s`, deeper kernel graphs cannot win."""
-        return best_s() > least_s(depth, ks)
-
-    def probe_after(ks: KernelSearch) -> int:
-        """One-kernel states before the probe: `PROBE_AFTER_STATES`, or a quarter of that when two
-        kernels have much room to win (the best so far takes over `PROBE_ROOM` times their least):
-        qknorm_gqa (27.9 us against 4.7) holds its 3-kernel winner after 6 s instead of 11 s;
-        rmsnorm_mlp (24.6 against 24.1), whose 17,000-state one-kernel search finds its winner,
-        runs no probe."""
-        return PROBE_AFTER_STATES // 4 if best_s() > PROBE_ROOM * least_s(2, ks) else PROBE_AFTER_STATES
-
-    def in_process(shards: Iterator[Shard], deadline: float, states_left: int | None) -> Iterator[ShardResult]:
-        for shard in shards:
-            base_states[0], base_pruned[0] = local.search.total_states, local.search.total_pruned
-            yield local.run(shard, deadline, None if max_states is None else max(0, max_states - stats.states))
-
-    run = executor or in_process
-    walked: dict[tuple[FirstChoice, int], tuple[Body, ...]] = {}  # first kernels' loop bodies, by choice and part
-    # Split into parts, a graph choice's first kernels for deeper graphs are made by the shards that
-    # generated its block graphs (by part, `Shard.deeper`), then gathered here and dealt out.
-    dealt: dict[FirstChoice, list[KState]] = {}
-    local.search.keep = contenders
-
-    def shards_of(depth: int, choice: FirstChoice, middle: str | None) -> Iterator[Shard]:
-        """A choice's shards, each made with the best proved when it is taken: its dealt first
-        kernels in `parts` shares, or its parts (a library choice splits only when its second
-        kernel is the last); from three kernels on, those with a `middle` second kernel."""
-        if choice in dealt:
-            for i in range(parts):
-                if firsts := tuple(dealt[choice][i::parts]):
-                    yield Shard(depth, choice, (parts, i), best_keys(), contenders, firsts=firsts, middle=middle,
-                                hold_states=holding(), held=handed())
-            return
-        deeper = parts > 1 and depth < config.max_kernel_ops and choice[0] == "graph" and middle != "graph"
-        for i in range(parts if choice[0] == "graph" or depth == 2 else 1):
-            yield Shard(depth, choice, (parts, i), best_keys(), contenders, bodies=walked.get((choice, i)),
-                        deeper=deeper, middle=middle, hold_states=holding(), held=handed())
-
-    for depth in range(1, config.max_kernel_ops + 1):
-        depth_now[0] = depth
-        if unsettled[0] and any(key[0] <= least_s(depth, local.search) for key, _ in waiting()):
-            unsettled[0] = False
-            settle()  # a candidate held or tied may be fast enough to stop the deepening: proved first
-        if not deeper_may_win(depth, local.search):
-            break
-        if depth == 2 and probing and stats.states >= PROBE_AFTER_STATES:
-            probing.pop()(2)  # the one-kernel search ran elsewhere (workers), whole: the callback did not see it
-            if stats.budget_exhausted or not deeper_may_win(depth, local.search):
-                break
-        choices = local.search.first_choices(depth)
-        if parts > 1 and not config.concrete:
-            # Every part of a first kernel's block graphs starts from the same loop bodies: walk
-            # them in parts first (once per choice: deeper graphs start the same way), then hand
-            # each graph shard those of its part.
-            todo = [c for c in choices if c[0] == "graph" and (c, 0) not in walked and c not in dealt]
-            found_bodies: dict[FirstChoice, list[Body]] = {c: [] for c in todo}
-            walks = walk_parts or parts
-            walking = chain(settle_shards(depth), (Shard(depth, c, (walks, i), walk=True) for c in todo
-                                                   for i in range(walks)))
-            for result in run(walking, deadline, None if max_states is None else max_states - stats.states):
-                merge(result)
-                if result.shard.walk:
-                    found_bodies[result.shard.choice] += result.bodies
-            if stats.budget_exhausted:
-                break
-            for c, bodies in found_bodies.items():  # each graph shard gets the bodies of its part
-                for i in range(parts):
-                    walked[c, i] = tuple(b for b in bodies if b[1] % parts == i)
-        if unsettled[0]:  # no walks ran: settled here
-            unsettled[0] = False
-            settle()
-        # Each shard is made when the executor takes it, with the best proved by then: shards
-        # that start later verify less. Split among workers, library first kernels go first: long
-        # work should not start last. A library first kernel's shard is split only when the
-        # second kernel is the last (its block space is the work; split deeper, the parts would
-        # each search the same last kernels again).
-        order = sorted(choices, key=lambda c: c[0] == "graph") if parts > 1 else choices
-        # From three kernels on, every choice's graphs with a library second kernel come first
-        # (a few moves each), then those with a graph-defined one (a block space per first kernel).
-        shards = (shard for middle in (MIDDLES if depth >= 3 else (None,))
-                  for choice in order for shard in shards_of(depth, choice, middle))
-        gathered: dict[FirstChoice, list[tuple[int, list[FirstKernel]]]] = {}
-        bounded = False
-        for result in run(shards, deadline, None if max_states is None else max_states - stats.states):
-            merge(result)
-            bounded |= result.bounded > 0
-            if result.shard.deeper:
-                gathered.setdefault(result.shard.choice, []).append((result.shard.part[1], result.firsts))
-            report("verify")
-        if stats.budget_exhausted:
-            break
-        for choice, by_part in gathered.items():  # beaten across parts too, in a fixed order
-            union = [f for _, firsts in sorted(by_part, key=lambda p: p[0]) for f in firsts]
-            dealt[choice] = [f.state for f in local.search.undominated(union)]
-        unheld()
-        unsettled[0] = True
-        if stats.generic_depth == stats.depth and not bounded:
-            stats.generic_depth = depth  # every graph of this many kernels was generated: for any shape
-        stats.depth = depth
-    # A depth the budget cut short leaves its ties unproved, not the held candidates faster than
-    # the best proved: found within the budget, they would have been proved then.
-    unheld()
-    settle(faster=stats.budget_exhausted and not unsettled[0])
-    unproved.update((text, sg) for text, (_, sg) in tied.items() if text not in unproved)
-    _keep_contenders(outcome, unproved, contenders)
-    local.forget()
-    probing.clear()
-    stats.seconds = time.monotonic() - t0
-    stats.peak_rss_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    report("done")
-    return outcome
+    def report(self, phase: str, live_states: int = 0, live_pruned: int = 0) -> None:
+        stats = self.stats
+        stats.seconds = time.monotonic() - self.t0
+        if self.progress is not None:
+            best = min([v.best.estimate.time_us for v in self.outcome.verified] + [self.live_best_us])
+            self.progress({
+                "phase": phase, "states": stats.states + live_states, "pruned": stats.pruned + live_pruned,
+                "verified": stats.verified, "best_time_us": None if best == float("inf") else best,
+                "depth": self.depth or None, "seconds": round(stats.seconds, 2),
+            })
 
 
 def _keep_contenders(outcome: Outcome, unproved: dict[str, SGraph], contenders: int) -> None:

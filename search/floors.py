@@ -1,16 +1,17 @@
 """Branch and bound for the kernel-level search: what a partial kernel graph must still compute,
 read and write, and the least time any graph containing it can take.
 
-`Floors` is the half of `KernelSearch` that never grows a state: it answers, for a state, which
-program outputs are missing and which tensors a later kernel must read (`_missing`, `_unused`,
-`_left_to_read`), the least estimated time of its kernels (`_spent`: launches and bytes at full
+`Floors`, which a `KernelSearch` holds, never grows a state: it answers, for a state, which
+program outputs are missing and which tensors a later kernel must read (`missing`, `unused`,
+`_left_to_read`), the least estimated time of its kernels (`spent`: launches and bytes at full
 bandwidth, or the cost model's least estimate of each kernel over every size its symbols can take),
-and of the kernels to come: a last library or graph kernel (`_last_kernel_floor`, `_whole_floor`),
-a middle kernel and what must follow it (`_middle_floor`; over program inputs only, once known, the
-least time of the kernels it can be, `_middle_least`; `_last_after`, `_after_middle`), the
-merge of per-chunk partials (`_merged_later`). The search cuts a state whose floor exceeds the
-bound (`bound_s`: the best proved candidates' time). First kernels computing the same values are
-ranked by their floors, and those that others beat are dropped (`undominated`).
+and of the kernels to come: a last library or graph kernel (`last_kernel_floor`, `_whole_floor`),
+a middle kernel and what must follow it (`middle_floor`; over program inputs only, once known, the
+least time of the kernels it can be, `middle_least`; `_last_after`, `_after_middle`), the
+merge of per-chunk partials (`merged_later`), a kernel completing a loop body (`body_floor`). The
+search cuts a state whose floor exceeds the bound (`bound_s`: the best proved candidates' time).
+First kernels computing the same values are ranked by their floors, and those that others beat are
+dropped (`undominated`).
 Every floor is below the cost model's estimate of every graph it stands for: a cut never loses a
 candidate that could win.
 """
@@ -30,12 +31,13 @@ from superopt.config import SearchConfig
 from superopt.dimclasses import NO_CLASS, dim_classes
 from superopt.dtypes import dtype as get_dtype
 from superopt.object_cache import BoundedDict, ObjectCache
+from superopt.ops import Op
 from superopt.program import Node, Program
 from superopt.search.block import BlockState
 from superopt.search.fingerprint import fingerprint, random_inputs
 from superopt.search.space import Space
 from superopt.search.states import FirstKernel, KState, KTensor, input_leaves
-from superopt.search.tiling import axis_options, sinks
+from superopt.search.tiling import axis_options, sinks, splittable_classes
 from superopt.search.views import ProgramViews
 from superopt.sgraph import GraphKernel, Kernel, LibraryKernel, SGraph, SGraphError, input_decls, read_by_library
 from superopt.sizes import Size
@@ -47,25 +49,22 @@ FLOOR_ENTRIES = 1 << 17  # kernels, and sets of kernels, whose least estimated t
 
 
 class Floors:
-    """The bounds of `KernelSearch` (its base class): what they read of the search is declared
-    here, set by `KernelSearch`; what they keep is made by `_init_floors`."""
+    """The bounds of a `KernelSearch`, which holds one (its `floors`): the program's facts they
+    read and the memos they keep. The search sets `bound_s` and `keep`; `pruned`, `bounded` and
+    `cuts` count what the bound cut (`cut`)."""
 
-    program: Program
-    space: Space
-    oracle: Oracle
-    config: SearchConfig
-    target: Target | None
-    views: ProgramViews | None
-    bound_s: float  # graphs that must take longer are cut
-    bandwidth: float  # DRAM bytes per second
-    launch_s: float
-    keep: int  # first kernels kept per computation (`undominated`)
-    pruned: int
-    bounded: int  # graphs cut by the bound
-    cuts: Counter[str]  # what the bound cut, by the floor that cut it (`_cut`)
-
-    def _init_floors(self) -> None:
-        """The program's facts the floors read, and the memos of the floors."""
+    def __init__(self, program: Program, space: Space, oracle: Oracle, config: SearchConfig, target: Target | None,
+                 views: ProgramViews | None) -> None:
+        """The floors of `program` searched in `space` on `target` (None: no bound)."""
+        self.program, self.space, self.oracle, self.config = program, space, oracle, config
+        self.target, self.views = target, views
+        self.bound_s = float("inf")  # graphs that must take longer are cut
+        self.keep = 1  # first kernels kept per computation (`undominated`)
+        self.pruned = 0
+        self.bounded = 0  # graphs cut by the bound (they might win at another shape)
+        self.cuts: Counter[str] = Counter()  # the same, by the floor that cut them (`cut`)
+        self.bandwidth = float("inf") if target is None else target.dram_bytes_per_s  # DRAM bytes per second
+        self.launch_s = 0.0 if target is None else target.launch_overhead_s
         # kernel and input shapes (`_floor_key`) -> `_floors`
         self._kernel_floors: BoundedDict[bytes, dict[int, float]] = BoundedDict(FLOOR_ENTRIES)
         self._floor_parts: BoundedDict[tuple[bytes, ...], tuple[float, dict[int, float] | None]] = BoundedDict(
@@ -75,29 +74,33 @@ class Floors:
         self._middle_owns: dict[tuple[Any, ...], float] = {}  # a middle kernel's inputs -> `_middle_own`
         self._grid_floors: BoundedDict[tuple[Any, ...], float] = BoundedDict(FLOOR_ENTRIES)  # see `_grid_floor`
         self._tiled_floors: ObjectCache[BlockState, tuple[float, float] | None] = ObjectCache(FLOOR_ENTRIES)
-        # a middle kernel over program inputs only (`_middle_key`) -> how often its moves were
-        # generated, and once they were twice, the least time of any of them (`_least_alone`)
-        self._middle_walks: dict[tuple[Any, ...], int] = {}
-        self._middle_least: dict[tuple[Any, ...], float] = {}
+        # a middle kernel's block space walked whole (its inputs, `kernel._space_key`) -> the least
+        # `tiled_floor` of its block graphs, own time and bytes written apart (0 where one has none)
+        self.space_floors: BoundedDict[tuple[Any, ...], tuple[float, float]] = BoundedDict(FLOOR_ENTRIES)
+        self._body_floors: ObjectCache[BlockState, float] = ObjectCache(FLOOR_ENTRIES)  # see `body_floor`
+        # a middle kernel over program inputs only (`middle_key`) -> how often its moves were
+        # generated, and once they were twice, the least time of any of them (`least_alone`)
+        self.middle_walks: dict[tuple[Any, ...], int] = {}
+        self.middle_least: dict[tuple[Any, ...], float] = {}
         self._inputs = random_inputs(self.program)  # small random program inputs for `_fingerprint`
-        self._outputs: list[Node] = [self.program.nodes[o] for o in self.program.outputs]
+        self.outputs: list[Node] = [self.program.nodes[o] for o in self.program.outputs]
         classes = dim_classes(self.program)
         self._class_sizes = {c: self.program.nodes[n].shape[d] for (n, d), c in classes.items() if c != NO_CLASS}
         # `_after_middle` follows values through the e-graph by their dim classes, which a
         # reshape does not keep.
-        self._reach = self.target is not None and all(n.op != "reshape" for n in self.program.nodes.values())
-        self._output_classes = [tuple(classes[(o, d)] for d in range(len(self.program.nodes[o].shape)))
-                                for o in self.program.outputs]
+        self._reach = self.target is not None and all(n.op != Op.RESHAPE for n in self.program.nodes.values())
+        self.output_classes = [tuple(classes[(o, d)] for d in range(len(self.program.nodes[o].shape)))
+                               for o in self.program.outputs]
         self._free_kernels = self.space.free_kernels != 0  # a kernel to come may be a free view
         # Each grid axis splits a divisor of a program dim: the least latency of a loop iteration.
-        self._iteration_s = 0.0 if self.target is None else costmodel.iteration_floor(
+        self.iteration_s = 0.0 if self.target is None else costmodel.iteration_floor(
             self.target, _block_counts(self.program, self.config.max_grid_axes))
-        values = self._values = abstract_program(self.program)  # each program node's abstract value
+        values = self.values = abstract_program(self.program)  # each program node's abstract value
         self._nbytes = min(get_dtype(n.dtype or "f32").nbytes for n in self.program.inputs)
-        self._output_bytes = [self._bytes(KTensor(n.id, n.size_shape, ("c",), ())) for n in self._outputs]
-        self._target_leaves = [input_leaves(values[o][0]) for o in self.program.outputs]  # see `_inputs_of`
+        self._output_bytes = [self._bytes(KTensor(n.id, n.size_shape, ("c",), ())) for n in self.outputs]
+        self._target_leaves = [input_leaves(values[o][0]) for o in self.program.outputs]  # see `inputs_of`
 
-    def _cut(self, floor: str) -> None:
+    def cut(self, floor: str) -> None:
         """Count a cut by the bound: which floor made it says where the time of a search goes."""
         self.pruned += 1
         self.bounded += 1
@@ -110,7 +113,7 @@ class Floors:
             dims[t.chunk.dim] = t.chunk.base
         return math.prod(dims) * self._nbytes
 
-    def _spent(self, s: KState) -> float:
+    def spent(self, s: KState) -> float:
         """The least time the kernels of `s` take: launches, and reading and writing their tensors;
         once there is a bound, the cost model's estimate of these kernels alone at their best
         sizes (`inf` when no sizes are valid: no graph that contains them can be instantiated)."""
@@ -118,7 +121,7 @@ class Floors:
         total = sum(self._moving_s(k, size) for k in s.kernels)
         if self.bound_s == float("inf") or self.target is None or not s.kernels:
             return total
-        return max(total, self._estimated(s))
+        return max(total, self.estimated(s))
 
     def _moving_s(self, k: Kernel, size: dict[str, float]) -> float:
         """A kernel's launch and the bytes it reads and writes at full bandwidth (0 for a free one:
@@ -128,11 +131,11 @@ class Floors:
         moved = sum(size[i] for i in k.tensor_inputs) + sum(size[o] for o in k.outputs)
         return self.launch_s + moved / self.bandwidth
 
-    def _known_spent(self, s: KState) -> float:
-        """A lower bound of `_spent` that analyzes no kernel: each kernel's kept least time
+    def known_spent(self, s: KState) -> float:
+        """A lower bound of `spent` that analyzes no kernel: each kernel's kept least time
         (`_floors`), or, for one not met before, its launch and bytes (`_moving_s`, below its
         least time). Most middle kernels that the bound cuts are cut by this alone (their output
-        must be written and read again), without the analysis of their block graph (~3 ms)."""
+        must be written and read again), without the costlier analysis of their block graph."""
         size = {t.id: self._bytes(t) for t in s.tensors}
         total = 0.0
         for k in s.kernels:
@@ -144,7 +147,7 @@ class Floors:
                 total += min(floors.values(), default=math.inf)
         return total
 
-    def _estimated(self, s: KState) -> float:
+    def estimated(self, s: KState) -> float:
         """A lower bound of the cost model's time for the kernels of `s` in any graph containing
         them: the sum of each kernel's least estimate over every size its symbols can take there
         (a larger graph adds constraints, never values), or 0 when that is not known. Each
@@ -156,7 +159,7 @@ class Floors:
         """The kernels' least times (`_floors`), kept per set of kernels (deeper graphs share
         their first kernels): their sum, except for the one kernel whose per-chunk partials no
         kernel reads yet, if there is exactly one, whose least time per chunk count is returned
-        apart (for `_merged_later`; None otherwise). (0, None) when the estimates are not known."""
+        apart (for `merged_later`; None otherwise). (0, None) when the estimates are not known."""
         assert self.target is not None
         whole = tuple(self._digest(k) for k in s.kernels)
         hit = self._floor_parts.get(whole)
@@ -216,7 +219,7 @@ class Floors:
     def _floor_key(self, s: KState, k: Kernel) -> bytes:
         """What a kernel's floors depend on: the kernel and the shapes of its inputs (and, for a
         reshape, whether a library kernel reads it: of a view, it then copies)."""
-        copied = isinstance(k, LibraryKernel) and k.op == "reshape" and read_by_library(s.kernels, k.output)
+        copied = isinstance(k, LibraryKernel) and k.op == Op.RESHAPE and read_by_library(s.kernels, k.output)
         return self._digest(k) + repr([t.shape for t in s.tensors if t.id in k.tensor_inputs]).encode() \
             + b"copied" * copied
 
@@ -227,35 +230,35 @@ class Floors:
         texts take a kilobyte or more each."""
         return self._digests.get(k, None, lambda: hashlib.blake2b(repr(k).encode(), digest_size=16).digest())
 
-    def _ranked_first(self, st: KState) -> FirstKernel | None:
+    def ranked_first(self, st: KState) -> FirstKernel | None:
         """`st` with what ranks it among the first kernels computing the same values; None when
         no graph it starts can beat the bound (its least time, a launch after it and what the
         later kernels must move: what `_at_depth` asks of it at any depth, the bound only
-        tightening), before its text is written: rmsnorm_mlp's first kernels over X, Wu and Wg
-        all are, by 0.2 us or more."""
-        after = self.space.launches(1) * self.launch_s + self._owed(st)(()) / self.bandwidth
+        tightening), before its text is written: a gated MLP's first kernels over X and both
+        weights all are."""
+        after = self.space.launches(1) * self.launch_s + self.owed(st)(()) / self.bandwidth
         if self.target is not None and self.bound_s < math.inf and \
                 self._grid_floor(st, st.kernels[0]) + after > self.bound_s:
-            self._cut("first kernel")
+            self.cut("first kernel")
             return None
         prefix = self._prefix(st) if self.target is not None else None
         if prefix is None:
             return FirstKernel(st, None, "")
         floors = self._floors(st, *prefix, st.kernels[0])
         if min(floors.values(), default=math.inf) + after > self.bound_s:
-            self._cut("first kernel")
+            self.cut("first kernel")
             return None
         return FirstKernel(st, floors, prefix[0].dumps())
 
     def _grid_floor(self, s: KState, k: Kernel) -> float:
         """A floor of the estimate of kernel k of `s`, a graph kernel, from its own grid alone,
-        known before the prefix sGraph is built and its sizes bounded (`_floors`, some 4 ms a
-        kernel): `costmodel.whole_reduction_floor` over its axes, each over the program dim
-        classes of the input dims it splits (a size dividing theirs), of what its inputs hold (an
-        input is read again by every block along an axis that splits none of its classes) and
-        what it writes (one chunk of partials). 0 for a library kernel, or when it reads partials
-        (a merge's loop walks them) or an axis splits a dim of no class. rmsnorm_mlp's 850 first
-        kernels over X, Wu and Wg are all cut by the bound, 848 of them by this alone."""
+        known before the prefix sGraph is built and its sizes bounded (`_floors`, far costlier):
+        `costmodel.whole_reduction_floor` over its axes, each over the program dim classes of the
+        input dims it splits (a size dividing theirs), of what its inputs hold (an input is read
+        again by every block along an axis that splits none of its classes) and what it writes
+        (one chunk of partials). 0 for a library kernel, or when it reads partials (a merge's loop
+        walks them) or an axis splits a dim of no class. Nearly all the first kernels of a gated
+        MLP that the bound cuts are cut by this alone."""
         assert self.target is not None
         if not isinstance(k, GraphKernel):
             return 0.0
@@ -312,20 +315,20 @@ class Floors:
         return fingerprint(k, self._inputs)
 
     def _unwritten(self, s: KState) -> float:
-        return sum(self._output_bytes[i] for i in self._missing(s))
+        return sum(self._output_bytes[i] for i in self.missing(s))
 
-    def _last_kernel_floor(self, s: KState) -> float:
+    def last_kernel_floor(self, s: KState) -> float:
         """The least time of `s` plus a last kernel that writes the missing outputs (before the
         bytes that last kernel reads); 0 when there is no bound, so nothing is cut."""
         if self.bound_s == float("inf"):
             return 0.0
-        return self._spent(s) + self.launch_s + self._unwritten(s) / self.bandwidth
+        return self.spent(s) + self.launch_s + self._unwritten(s) / self.bandwidth
 
-    def _too_slow(self, s: KState, floor_s: float, inputs: Sequence[int]) -> bool:
+    def too_slow(self, s: KState, floor_s: float, inputs: Sequence[int]) -> bool:
         """Would any last library kernel reading these tensors exceed the bound?"""
         too_slow = floor_s + sum(self._bytes(s.tensors[i]) for i in set(inputs)) / self.bandwidth > self.bound_s
         if too_slow:
-            self._cut("last library kernel")
+            self.cut("last library kernel")
         return too_slow
 
     def _whole_floor(
@@ -373,100 +376,107 @@ class Floors:
         """The grid axes a kernel writing exactly these program outputs may have: (program dim
         classes it splits, a size the axis size divides). One class of each output: one they all
         have, or classes side by side (`tiling._side_by_side`), whose sizes' gcd the axis divides."""
-        choices = [[(c, d.int_value()) for c, d in zip(self._output_classes[i], self._outputs[i].size_shape,
+        choices = [[(c, d.int_value()) for c, d in zip(self.output_classes[i], self.outputs[i].size_shape,
                                                        strict=True) if c != NO_CLASS] for i in missing]
         axes = {(frozenset(c for c, _ in pick), math.gcd(*(size for _, size in pick))) for pick in product(*choices)}
         return sorted(axes, key=lambda a: (sorted(a[0]), a[1]))
 
-    def _missing(self, s: KState) -> list[int]:
+    def missing(self, s: KState) -> list[int]:
         """Program outputs no tensor of `s` matches yet."""
         return [
-            i for i, node in enumerate(self._outputs)
-            if not any(t.chunk is None and self._is_output(t.ae, t.shape, t.classes, i) for t in s.tensors)
+            i for i, node in enumerate(self.outputs)
+            if not any(t.chunk is None and self.is_output(t.ae, t.shape, t.classes, i) for t in s.tensors)
         ]
 
-    def _unused(self, s: KState) -> list[int]:
+    def unused(self, s: KState) -> list[int]:
         """The kernel outputs that no kernel reads and no program output can be: a later kernel
         must read each, as a candidate reads or returns every tensor (`_candidate`; checked
         early, it saves whole searches of the last kernel over the program's raw inputs)."""
         read = {i for k in s.kernels for i in k.tensor_inputs}
         return [n for n, t in enumerate(s.tensors) if n >= len(self.program.inputs) and t.id not in read and not any(
-            t.chunk is None and self._is_output(t.ae, t.shape, t.classes, i) for i in range(len(self._outputs)))]
+            t.chunk is None and self.is_output(t.ae, t.shape, t.classes, i) for i in range(len(self.outputs)))]
 
-    def _inputs_of(self, outputs: list[int]) -> set[str]:
+    def inputs_of(self, outputs: list[int]) -> set[str]:
         return set().union(*(self._target_leaves[i] for i in outputs))
 
-    def _classes_of(self, outputs: list[int]) -> set[int]:
+    def classes_of(self, outputs: list[int]) -> set[int]:
         """The program dim classes of these outputs' dims. A block graph's tiles take their dims'
         classes from its inputs' (no block op makes a dim: reshapes and transposes are library
         kernels), and a last kernel writes dims of the outputs' classes (`_completes_exactly`), so
         it must read a tensor with a dim of each (a head dim a reshape made, say)."""
-        return {c for i in outputs for c in self._output_classes[i] if c >= 0}
+        return {c for i in outputs for c in self.output_classes[i] if c >= 0}
 
-    def _lacks_classes(self, s: KState) -> bool:
+    def lacks_classes(self, s: KState) -> bool:
         """Does a missing output that is no reshape have a dim class no tensor of `s` has? Only a
         library reshape makes one, so two kernels more at least must follow: that reshape, and
         one computing the output from what it makes. (An output that is itself a reshape may be
         made by the reshape as the last kernel.)"""
-        missing = [i for i in self._missing(s) if self._outputs[i].op != "reshape"]
-        return not self._classes_of(missing) <= set().union(*(t.classes for t in s.tensors))
+        missing = [i for i in self.missing(s) if self.outputs[i].op != Op.RESHAPE]
+        return not self.classes_of(missing) <= set().union(*(t.classes for t in s.tensors))
 
-    def _last_graph_floor(self, s: KState, spent: float, subset: tuple[int, ...], missing: list[int]) -> float:
+    def last_graph_floor(self, s: KState, spent: float, subset: tuple[int, ...], missing: list[int]) -> float:
         """The least time of `s` plus a last graph kernel over these tensors: `spent` plus
         `_whole_floor`, or when that kernel merges the chunks of a kernel of `s`, the two
         kernels' floors at the same chunk count (the merge's loop walks the chunks)."""
         floor = spent + self._whole_floor(s, subset, missing)
         if any(s.tensors[i].chunk is not None for i in subset):
-            floor = max(floor, self._merged_later(s, lambda chunks: self._whole_floor(s, subset, missing, chunks)))
+            floor = max(floor, self.merged_later(s, lambda chunks: self._whole_floor(s, subset, missing, chunks)))
         return floor
 
-    def _middle_floor(
+    def middle_floor(
         self, s: KState, later: int, part: tuple[int, int] = (1, 0), then_last: bool = True,
     ) -> Callable[..., float]:
         """The least time of `s` plus a graph kernel over a subset of its tensors and `later`
         kernels after it, known before that kernel's block graphs are: `s`'s kernels, this
         kernel's least time (`_middle_own`, or over program inputs only, once known, the least
-        time of the kernels they make: `_middle_least`), then each later one's launch and what
-        they must move (`_owed`), or when one kernel follows and `then_last` says it is the
+        time of the kernels they make: `middle_least`), then each later one's launch and what
+        they must move (`owed`), or when one kernel follows and `then_last` says it is the
         last (not so for a first kernel kept for deeper graphs), its least time (`_last_after`).
-        Once a block graph of that kernel is known, `own` and `unread` (`_tiled_floor`) raise
+        Once a block graph of that kernel is known, `own` and `unread` (`tiled_floor`) raise
         its least time and what the later kernels must read."""
-        spent = self._spent(s)
+        spent = self.spent(s)
         rest = self.space.launches(later) * self.launch_s
-        owed = self._owed(s)
+        owed = self.owed(s)
         last = self._last_after(s) if later == 1 and then_last else None
         known: dict[tuple[int, ...], tuple[float, float, float]] = {}  # per subset: (own, owed bytes, last)
 
         def floor(subset: tuple[int, ...], own: float = 0.0, unread: float = 0.0) -> float:
             if (parts := known.get(subset)) is None:
                 least = self._middle_own(s, subset)
-                if (walked := self._middle_key(s, subset, part)) is not None:
-                    least = max(least, self._middle_least.get(walked, 0.0))
+                if (walked := self.middle_key(s, subset, part)) is not None:
+                    least = max(least, self.middle_least.get(walked, 0.0))
                 parts = known[subset] = (least, owed(subset), 0.0 if last is None else last(subset))
             least, owes, last_s = parts
             return spent + max(least, own) + max(rest + (owes + unread) / self.bandwidth, last_s)
 
         return floor
 
-    def _tiled_floor(self, s: KState, subset: tuple[int, ...], block: BlockState) -> tuple[float, float] | None:
+    def tiled_floor(self, s: KState, subset: tuple[int, ...], block: BlockState) -> tuple[float, float] | None:
         """A floor of every graph kernel that block graph `block` over these tensors of `s` tiles
-        into (`tiling.resolve`), known before its tilings are searched (some 2 ms a block graph,
-        most of a middle kernel's search after the block graphs themselves): the least
+        into (`tiling.resolve`), known before its tilings are searched (most of a middle kernel's
+        search after the block graphs themselves): the least
         `_grid_floor` over every axis they may take (`tiling.axis_options`: a class of each
         output, or a reduced one only where its partials can be summed), with the bytes of its
         outputs, which a later kernel must then read (the second value). None when unknown: it
         reads partials, an axis would split a dim of no class, or it writes a program output
-        (written once, not read again: `_owed` counts it already). Kept per block graph (a block
+        (written once, not read again: `owed` counts it already). Kept per block graph (a block
         space is replayed after every earlier kernel computing the same tensors)."""
         assert self.target is not None
         if any(s.tensors[i].chunk is not None for i in subset):
             return None
         return self._tiled_floors.get(block, None, lambda: self._block_floor(s, subset, block))
 
+    def body_floor(self, s: KState, subset: tuple[int, ...], body: BlockState) -> float:
+        """A floor of every graph kernel over these tensors of `s` whose block graph completes loop
+        body `body` (with its accumulators), known before its post-loop graphs are generated (most
+        of a block space's states): `_middle_own` with single grid axes over the classes the body
+        leaves splittable (`tiling.splittable_classes`). Kept per body, as `tiled_floor`."""
+        return self._body_floors.get(body, None, lambda: self._middle_own(s, subset, splittable_classes(body)))
+
     def _block_floor(self, s: KState, subset: tuple[int, ...], block: BlockState) -> tuple[float, float] | None:
         assert self.target is not None
         outputs = sinks(block)
-        if any(self._is_output(ae, shape, pdims, i) for ae, shape, pdims in outputs for i in range(len(self._outputs))):
+        if any(self.is_output(ae, shape, pdims, i) for ae, shape, pdims in outputs for i in range(len(self.outputs))):
             return None
         axes = []
         for classes in axis_options(block):
@@ -483,7 +493,7 @@ class Floors:
                 self.target, reads, written, options, self.config.max_grid_axes)
         return floor, written
 
-    def _middle_key(self, s: KState, subset: tuple[int, ...], part: tuple[int, int]) -> tuple[Any, ...] | None:
+    def middle_key(self, s: KState, subset: tuple[int, ...], part: tuple[int, int]) -> tuple[Any, ...] | None:
         """What the middle kernels over these tensors of `s` depend on, when they read program
         inputs only: the inputs, the kernel's place (its id and symbols' names) and the part of
         its block graphs; None otherwise (they read what earlier kernels computed)."""
@@ -491,11 +501,11 @@ class Floors:
             return None
         return subset, len(s.kernels), s.graph_kernels, part
 
-    def _least_alone(self, s: KState, k: Kernel, outputs: Sequence[KTensor]) -> float:
+    def least_alone(self, s: KState, k: Kernel, outputs: Sequence[KTensor]) -> float:
         """The least estimated time of kernel k, which reads program inputs only and writes
         `outputs`, in any graph (`_floors` of k alone: a graph adds constraints on its sizes,
         never values); 0 when not known. Kept with the other kernels' floors, so that states
-        holding k are cut by `_known_spent` without analyzing it again."""
+        holding k are cut by `known_spent` without analyzing it again."""
         alone = KState((*s.tensors[:len(self.program.inputs)], *outputs), (k,), ())
         floors = self._kernel_floors.get(self._floor_key(alone, k))
         if floors is None:
@@ -508,13 +518,13 @@ class Floors:
     def _last_after(self, s: KState) -> Callable[[tuple[int, ...]], float] | None:
         """The least time of the last kernel after `s` and a middle kernel over a subset of its
         tensors: it reads what that subset leaves unread (the program inputs the missing outputs
-        need, the kernel outputs nothing reads: `_owed`) and, when one output is missing, an
+        need, the kernel outputs nothing reads: `owed`) and, when one output is missing, an
         output of the middle kernel (which would otherwise not contribute: writing the output
         itself leaves the last kernel nothing to do). Then its inputs must let it compute that
         output (`_after_middle`); else, with more tensors to read than any library op takes, its
         floor is `_whole_floor` over them, and 0 when a library kernel may be last. None when any
         kernel may be a free view."""
-        missing = self._missing(s)
+        missing = self.missing(s)
         if self._free_kernels or not missing:
             return None
         arity = max((ops.OPS[op].arity for op in self.space.library_ops), default=0)
@@ -595,15 +605,16 @@ class Floors:
                          if any(mid for _, _, mid in extra))
         return min(graph, next((cost for cost, extra in library if cost < graph and computes(extra)), math.inf))
 
-    def _middle_own(self, s: KState, subset: tuple[int, ...]) -> float:
+    def _middle_own(self, s: KState, subset: tuple[int, ...], splittable: frozenset[int] | None = None) -> float:
         """The least time of a graph kernel that reads these tensors of `s` and is not the last:
         its launch plus the larger of their bytes at full bandwidth and one loop iteration; when
         none is per-chunk partials, `costmodel.whole_reduction_floor` with its grid free to split
-        any class of what it reads (it may write partial results) and nothing written: splitting
-        a class re-reads every input without it, so a grid large enough to fill the DRAM pipe
-        re-reads some input (attention's Q, K and Q K: 0.9 us more than their bytes on an H100)."""
+        any class of what it reads (it may write partial results), or, with `splittable`, one of
+        those alone (side by side, any) and nothing written: splitting a class re-reads every
+        input without it, so a grid large enough to fill the DRAM pipe re-reads some input
+        (attention's Q, K and Q K cost more than their bytes)."""
         tensors = [s.tensors[i] for i in subset]
-        own = self.launch_s + max(sum(map(self._bytes, tensors)) / self.bandwidth, self._iteration_s)
+        own = self.launch_s + max(sum(map(self._bytes, tensors)) / self.bandwidth, self.iteration_s)
         if self.target is None or any(t.chunk is not None for t in tensors):
             return own  # a merge's loop walks the chunks: its reads are not one tile per block
         sizes: dict[int, int] = {}
@@ -620,21 +631,21 @@ class Floors:
             for c in had:
                 owners[c] = owners.get(c, 0) + 1
         read = tuple(sorted(self._read(t) for t in tensors))
-        key = (read, tuple(sorted(sizes.items())), tuple(sorted(owners.items())))
+        key = (read, tuple(sorted(sizes.items())), tuple(sorted(owners.items())), splittable)
         hit = self._middle_owns.get(key)
         if hit is None:
             # Each class alone, and the classes that one tensor each has together (its outputs,
             # not known yet, may take them side by side: `tiling._side_by_side`; an axis over
             # some of them divides each one's size, so it divides their lcm), as often as
             # disjoint pairs of them can be axes.
-            axes = [(frozenset({c}), size) for c, size in sizes.items()]
+            axes = [(frozenset({c}), size) for c, size in sizes.items() if splittable is None or c in splittable]
             group = frozenset(c for c in sizes if owners[c] == 1)
             axes += [(group, math.lcm(*(sizes[c] for c in group)))] * min(len(group) // 2, self.config.max_grid_axes)
             hit = self._middle_owns[key] = costmodel.whole_reduction_floor(
                 self.target, read, 0.0, axes, self.config.max_grid_axes)
         return max(own, hit)
 
-    def _owed(self, s: KState) -> Callable[[tuple[int, ...]], float]:
+    def owed(self, s: KState) -> Callable[[tuple[int, ...]], float]:
         """The fewest bytes the kernels after `s` must move, but for one reading a subset of its
         tensors: the missing outputs, the program inputs they read that no kernel reads yet, and
         the kernel outputs nothing reads yet; nothing when a later kernel may be free (a
@@ -642,7 +653,7 @@ class Floors:
         if self._free_kernels:
             return lambda subset: 0.0
         unread, unused = self._left_to_read(s)
-        written = sum(self._output_bytes[i] for i in self._missing(s))
+        written = sum(self._output_bytes[i] for i in self.missing(s))
 
         def owed(subset: tuple[int, ...]) -> float:
             return written + sum(self._bytes(s.tensors[i]) for i in (*unread, *unused) if i not in subset)
@@ -651,17 +662,17 @@ class Floors:
 
     def _left_to_read(self, s: KState) -> tuple[list[int], list[int]]:
         """What the kernels after `s` must read: the program inputs the missing outputs need that
-        no kernel reads yet, and the kernel outputs nothing reads yet (`_unused`)."""
+        no kernel reads yet, and the kernel outputs nothing reads yet (`unused`)."""
         read = {i for k in s.kernels for i in k.tensor_inputs}
-        needed = self._inputs_of(self._missing(s))
+        needed = self.inputs_of(self.missing(s))
         unread = [n for n, t in enumerate(s.tensors[:len(self.program.inputs)]) if t.id in needed and t.id not in read]
-        return unread, self._unused(s)
+        return unread, self.unused(s)
 
-    def _merged_later(self, s: KState, merge_s: Callable[[int], float]) -> float:
+    def merged_later(self, s: KState, merge_s: Callable[[int], float]) -> float:
         """When one kernel of `s` writes per-chunk partials that no kernel reads yet, some later
         kernel merges them, its loop walking the chunks: the least time of the kernels of `s` with
         that merge's least time beyond its launch at each chunk count (`merge_s(chunks)`),
-        minimized over the chunk count they share; without such a kernel, `_estimated`; 0 without
+        minimized over the chunk count they share; without such a kernel, `estimated`; 0 without
         a bound."""
         if self.bound_s == float("inf") or self.target is None:
             return 0.0
@@ -670,11 +681,11 @@ class Floors:
             return others
         return others + min((f + merge_s(c) for c, f in pending.items()), default=math.inf)
 
-    def _is_output(self, ae: AE, shape: tuple[Size, ...], classes: tuple[int, ...], i: int) -> bool:
+    def is_output(self, ae: AE, shape: tuple[Size, ...], classes: tuple[int, ...], i: int) -> bool:
         """Does a tensor hold program output i: its expression, shape and dim classes? (A transpose
         keeps the expression, and a square one the shape; a reshape's dims have no class to compare.)"""
-        wanted = self._output_classes[i]
-        return shape == self._outputs[i].size_shape and all(
+        wanted = self.output_classes[i]
+        return shape == self.outputs[i].size_shape and all(
             RESHAPED in (p, c) or same_classes((p,), (c,)) for p, c in zip(classes, wanted, strict=True)
         ) and self.oracle.equivalent(ae, i)
 

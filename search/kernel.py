@@ -18,10 +18,12 @@ depth, first kernels over more inputs come first (fusion first), and each shard 
 twice: graphs whose last kernel only combines computed tensors, then those whose last kernel reads
 program inputs again; from three kernels on, all that first with a library second kernel, then
 with a graph-defined one (see `candidates_in`). States that cannot beat the best proved candidate
-are cut by the floors of `search.floors` (`Floors`, this search's base class); a block space being
-walked is cut as soon as the bound falls below its floor (`_walk`), and every cut is counted by the
-floor that made it (`cuts`). No kernel writes, and no program split ends inside, an elementwise
-chain (`search.space.Chain`: one block op).
+are cut by the floors of `search.floors` (`Floors`, the search's `floors`); a block space being
+walked is cut as soon as the bound falls below its floor (`_walk`), a loop body's post-loop graphs
+are not generated when its floor exceeds the bound (`_body_cut`), a middle kernel's block space
+walked whole before is cut by its graphs' least floors (`Floors.space_floors`), and every cut is
+counted by the floor that made it (`cuts`). No kernel writes, and no program split ends inside, an
+elementwise chain (`search.space.Chain`: one block op).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from itertools import combinations
 from typing import Any
 
@@ -47,6 +50,7 @@ from superopt.config import (
 )
 from superopt.dimclasses import input_classes
 from superopt.object_cache import BoundedDict, ObjectCache
+from superopt.ops import Op
 from superopt.program import Node, Program, Tensor
 from superopt.search.block import BlockState, Body, Generator, InputSpec, Lazy
 from superopt.search.floors import Floors, same_classes
@@ -75,7 +79,7 @@ class Bounded(Exception):
 
 
 @dataclass
-class KernelSearch(Floors):
+class KernelSearch:
     program: Program
     space: Space
     oracle: Oracle
@@ -85,26 +89,19 @@ class KernelSearch(Floors):
     states: int = 0
     pruned: int = 0
     # Block spaces by their inputs: the least recently used go past so many combinations or block graphs.
-    block_cache: BoundedDict[tuple[Any, ...], Lazy[BlockState]] = field(
-        init=False, default_factory=lambda: BoundedDict(BLOCK_CACHE_ENTRIES, len, BLOCK_CACHE_STATES))
+    block_cache: BoundedDict[tuple[Any, ...], Lazy[tuple[BlockState, Lazy[BlockState]]]] = field(
+        init=False, default_factory=lambda: BoundedDict(BLOCK_CACHE_ENTRIES, _cached_graphs, BLOCK_CACHE_STATES))
     on_state: Callable[[KernelSearch], None] | None = None
+    target: Target | None = None  # the bound's cost model (None: no bound)
+    views: ProgramViews | None = None  # the views the searched program leaves out (estimates read them as stored)
     # Branch and bound: graphs that must take longer than `bound_s` on `target` are not built.
     # Kernels already chosen take at least the cost model's best time for them alone; every
     # kernel to come costs a launch plus the bytes of the tensors it reads and writes at full
     # bandwidth (the cost model never charges less).
-    bound_s: float = float("inf")
-    target: Target | None = None
-    bandwidth: float = field(init=False, default=float("inf"))  # DRAM bytes per second
-    launch_s: float = field(init=False, default=0.0)
-    bounded: int = 0  # graphs cut by the bound (they might win at another shape)
-    cuts: Counter[str] = field(default_factory=Counter)  # the same, by the floor that cut them (`_cut`)
-    keep: int = 1  # first kernels kept per computation (`undominated`): the driver's contenders
-    views: ProgramViews | None = None  # the views the searched program leaves out (estimates read them as stored)
+    floors: Floors = field(init=False)
     _gen: Generator = field(init=False)
 
     def __post_init__(self) -> None:
-        if self.target is not None:
-            self.bandwidth, self.launch_s = self.target.dram_bytes_per_s, self.target.launch_overhead_s
         self._first_kernels: dict[tuple[FirstChoice, tuple[int, int]], list[FirstKernel]] = {}  # see first_kernels
         self._plans: Plans = ObjectCache(PLAN_ENTRIES)  # block graph -> its tilings (see `resolve`)
         # While a block space is walked: whether the bound now cuts all of it (see `_walk`).
@@ -113,20 +110,20 @@ class KernelSearch(Floors):
                               no_loop_tilings=not self.config.concrete,
                               max_outputs=max(MAX_OUTPUTS, len(self.program.outputs)))
         self._alg = self.oracle.alg
-        self._init_floors()
+        self.floors = Floors(self.program, self.space, self.oracle, self.config, self.target, self.views)
         # A reshape of the value a program reshape reads, in the same layout, to the same shape:
         # its dims get the program's classes (`abstract_program`), which the algebra cannot know.
         # The only reshapes searched: the abstract values do not tell a reshape apart, and no
         # prover rule moves one, so a schedule reshaping any other value is never proved.
-        self._reshapes = {(self.oracle.class_of(self._values[n.inputs[0]][0]), self._values[n.inputs[0]][1],
-                           n.size_shape): self._values[n.id][1]
-                          for n in self.program.topological() if n.op == "reshape"}
+        self._reshapes = {(self.oracle.class_of(self.floors.values[n.inputs[0]][0]), self.floors.values[n.inputs[0]][1],
+                           n.size_shape): self.floors.values[n.id][1]
+                          for n in self.program.topological() if n.op == Op.RESHAPE}
         runs = chain_runs(self.program)
         self._run_of = {n.id: k for k, run in enumerate(runs) for n in run}  # program node -> its chain
         self._inner_nodes = {n.id for run in runs for n in run[:-1]}
         self._library_attrs: dict[str, list[dict[str, Any]]] = {}
         for n in self.program.topological():
-            if n.op in ("input", "const"):
+            if n.op in ("input", Op.CONST):
                 continue
             entry = self._library_attrs.setdefault(n.op, [])
             if dict(n.attrs) not in entry:
@@ -146,7 +143,36 @@ class KernelSearch(Floors):
 
     @property
     def total_pruned(self) -> int:
-        return self.pruned + self._gen.pruned
+        return self.pruned + self._gen.pruned + self.floors.pruned
+
+    # -- the floors' bound and counts, which the driver sets and reads ----------------------------
+    @property
+    def bound_s(self) -> float:
+        """Graphs that must take longer are cut: the best proved candidates' time (inf: none)."""
+        return self.floors.bound_s
+
+    @bound_s.setter
+    def bound_s(self, value: float) -> None:
+        self.floors.bound_s = value
+
+    @property
+    def keep(self) -> int:
+        """First kernels kept per computation (`Floors.undominated`): the driver's contenders."""
+        return self.floors.keep
+
+    @keep.setter
+    def keep(self, value: int) -> None:
+        self.floors.keep = value
+
+    @property
+    def bounded(self) -> int:
+        """Graphs cut by the bound (they might win at another shape)."""
+        return self.floors.bounded
+
+    @property
+    def cuts(self) -> Counter[str]:
+        """The same, by the floor that cut them (`Floors.cut`)."""
+        return self.floors.cuts
 
     def _tick(self) -> None:
         if self.on_state is not None:
@@ -160,9 +186,9 @@ class KernelSearch(Floors):
     def _walk(self, blocks: Iterator[BlockState], cut: Callable[[], bool], ended: list[bool]) -> Iterator[BlockState]:
         """The block graphs of `blocks` until `cut` says that none of them can beat the bound: asked
         at every state of their generation, not only before it, for the bound tightens while a
-        block space is walked (a candidate proved by it, or by the probe the walk ran: qknorm_gqa's
-        one-kernel search went on for 35,000 states after the probe had proved 11.7 us, beyond
-        any one kernel's 23.0). `ended` is set when the walk was cut."""
+        block space is walked (a candidate proved by it, or by the probe the walk ran), and a
+        one-kernel walk asked only before it would go on long after the probe had proved a time
+        no one kernel reaches. `ended` is set when the walk was cut."""
         it = iter(blocks)
         while True:
             outer, self._walk_cut = self._walk_cut, cut
@@ -171,7 +197,7 @@ class KernelSearch(Floors):
             except StopIteration:
                 return
             except Bounded:
-                self._cut("block walk")
+                self.floors.cut("block walk")
                 ended.append(True)
                 return
             finally:
@@ -184,17 +210,17 @@ class KernelSearch(Floors):
         known: list[float] = []
 
         def cut() -> bool:
-            if self.bound_s == float("inf"):
+            if self.floors.bound_s == float("inf"):
                 return False
             if not known:
                 known.append(floor())
-            return known[0] > self.bound_s
+            return known[0] > self.floors.bound_s
 
         return cut
 
     def _within_deadline(self) -> None:
         """Past the deadline, stop. Asked at every new state, and between first kernels being
-        ranked, which makes none (qknorm_gqa ranked them for 20 s past a 120 s budget)."""
+        ranked, which makes none and can take long past the budget for a large program."""
         if time.time() > self.deadline:
             raise BudgetExhausted("time")
 
@@ -220,7 +246,7 @@ class KernelSearch(Floors):
         root = self.initial()
         final = depth == 1
         library: list[FirstChoice] = [("library", s.last_key) for s in self._library_moves(root, final)]
-        needed = self._inputs_of(self._missing(root)) if final else set()
+        needed = self.floors.inputs_of(self.floors.missing(root)) if final else set()
         graphs: list[FirstChoice] = []
         for size in range(1, self.config.max_block_inputs + 1):
             for subset in combinations(range(len(root.tensors)), size):
@@ -307,12 +333,14 @@ class KernelSearch(Floors):
 
     def _first_too_slow(self, subset: tuple[int, ...], depth: int, part: tuple[int, int]) -> bool:
         """Must every graph of `depth` kernels whose first is a graph kernel over these inputs
-        exceed the bound (`_middle_floor` of that kernel, `depth - 1` kernels after it)? Asked
+        exceed the bound (`Floors.middle_floor` of that kernel, `depth - 1` kernels after it)? Asked
         before its first kernels are generated and ranked (a large block space each: rmsnorm_mlp's
         first kernels over X and one weight are cut by this alone)."""
-        if self.bound_s == float("inf") or self._middle_floor(self.initial(), depth - 1, part)(subset) <= self.bound_s:
+        floors = self.floors
+        if floors.bound_s == float("inf") or \
+                floors.middle_floor(self.initial(), depth - 1, part)(subset) <= floors.bound_s:
             return False
-        self._cut("first kernel's inputs")
+        floors.cut("first kernel's inputs")
         return True
 
     def first_kernels(self, choice: FirstChoice, part: tuple[int, int] = (1, 0)) -> list[FirstKernel]:
@@ -325,9 +353,9 @@ class KernelSearch(Floors):
             ranked = []
             for st in self._graph_moves(self.initial(), False, only=choice[1], part=part, first=True):
                 self._within_deadline()
-                if (first := self._ranked_first(st)) is not None:
+                if (first := self.floors.ranked_first(st)) is not None:
                     ranked.append(first)
-            self._first_kernels[key] = self.undominated(ranked)
+            self._first_kernels[key] = self.floors.undominated(ranked)
         return self._first_kernels[key]
 
     def program_split(self, whole: bool = False) -> list[SGraph]:
@@ -363,8 +391,8 @@ class KernelSearch(Floors):
         From each point, the `SPLIT_ENDS` longest parts (`_part_ends`) some kernel of which has
         valid sizes at the program's shapes are tried, and the cheapest schedules reaching each
         point go on: a decoder layer's gated MLP with its residual add needs every weight whole in
-        one block; cut before the add, every block of rows reads all three weights (35.3 us for
-        the layer); cut before the down projection, 16.0 us. ([], []) when no cut reaches the end."""
+        one block; cut before the add, every block of rows reads all three weights, over twice the
+        time of a cut before the down projection. ([], []) when no cut reaches the end."""
         reached: dict[int, list[tuple[KState, tuple[list[Node], ...]]]] = {0: [(self.initial(), ())]}
         for start in range(len(ops_)):
             here = self._cheapest(reached.pop(start, []))
@@ -373,7 +401,7 @@ class KernelSearch(Floors):
                 nodes = ops_[start:end]
                 grown = [(nxt, (*parts, nodes)) for st, parts in here for nxt in self._part_moves(st, nodes)]
                 if self.target is not None:
-                    grown = [e for e in grown if self._estimated(e[0]) < math.inf]  # valid sizes
+                    grown = [e for e in grown if self.floors.estimated(e[0]) < math.inf]  # valid sizes
                 if grown:
                     reached.setdefault(end, []).extend(grown)
                     ends += 1
@@ -394,7 +422,7 @@ class KernelSearch(Floors):
         the library ops of a level before its block ops. Block ops no library op separates then
         fall into one run: the Q, K and V projections of one X before the heads are split, one
         kernel side by side, where the listed order cuts a reshape between each two."""
-        ops_ = [n for n in self.program.topological() if n.op not in ("input", "const")]
+        ops_ = [n for n in self.program.topological() if n.op not in ("input", Op.CONST)]
         level: dict[str, int] = {}
         for n in ops_:
             level[n.id] = max((level.get(i, 0) for i in n.inputs), default=0) + (n.op not in self.space.block_ops)
@@ -405,8 +433,8 @@ class KernelSearch(Floors):
     def _split_cost(self, s: KState) -> float:
         """The least time of a partial split schedule: its launches and bytes, or (with a target)
         the cost model's least estimate of its kernels, which also sees a block re-reading whole
-        weights (`_spent` has it only once the search has a bound)."""
-        return self._spent(s) if self.target is None else max(self._spent(s), self._estimated(s))
+        weights (`Floors.spent` has it only once the search has a bound)."""
+        return self.floors.spent(s) if self.target is None else max(self.floors.spent(s), self.floors.estimated(s))
 
     def _part_ends(self, ops_: list[Node], start: int) -> list[int]:
         """Where a part of the ops from `start` may end, longest first: an op no block graph has
@@ -432,7 +460,7 @@ class KernelSearch(Floors):
 
     def _one_part(self, nodes: list[Node], after: list[Node]) -> bool:
         ids = {n.id for n in nodes}
-        outside = {i for n in nodes for i in n.inputs if i not in ids and self.program.nodes[i].op != "const"}
+        outside = {i for n in nodes for i in n.inputs if i not in ids and self.program.nodes[i].op != Op.CONST}
         read_later = {i for n in after for i in n.inputs} | set(self.program.outputs)
         outputs = [n for n in nodes if n.id in read_later]
         read_here = {i for n in nodes for i in n.inputs}
@@ -446,7 +474,7 @@ class KernelSearch(Floors):
         product whose left operand has few rows, the library's is faster than any block graph)."""
         ids = {n.id for n in nodes}
         held: dict[str, int] = {}
-        for i in (i for n in nodes for i in n.inputs if i not in ids and self.program.nodes[i].op != "const"):
+        for i in (i for n in nodes for i in n.inputs if i not in ids and self.program.nodes[i].op != Op.CONST):
             if i not in held:
                 # another tensor than the operands' so far where one is: a square value and its
                 # transpose may agree in shape, value and dim classes
@@ -471,7 +499,7 @@ class KernelSearch(Floors):
             node = self.program.nodes[i]
             part.input(name[i], node.shape, node.dtype or "f32")
         for n in nodes:
-            operands = [float(self.program.nodes[i].attrs["value"]) if self.program.nodes[i].op == "const"
+            operands = [float(self.program.nodes[i].attrs["value"]) if self.program.nodes[i].op == Op.CONST
                         else Tensor(part, name[i]) for i in n.inputs]
             name[n.id] = part.op(n.op, *operands, **dict(n.attrs)).id
         read_later = {i for m in self.program.topological() if m.id not in ids for i in m.inputs}
@@ -487,7 +515,7 @@ class KernelSearch(Floors):
     def _holding(self, s: KState, node: str) -> list[int]:
         """The tensors of `s` holding a program node's value as the program lays it out: its shape,
         its value's class and its dims' classes."""
-        (ae, classes), shape = self._values[node], self.program.nodes[node].size_shape
+        (ae, classes), shape = self.floors.values[node], self.program.nodes[node].size_shape
         cls = self.oracle.class_of(ae)
         return [] if cls is None else [
             k for k, t in enumerate(s.tensors) if t.chunk is None and t.shape == shape
@@ -503,22 +531,23 @@ class KernelSearch(Floors):
         self.states += 1
         self._tick()
         left = depth - len(state.kernels)
-        if left and self.bound_s < float("inf"):
+        floors = self.floors
+        if left and floors.bound_s < float("inf"):
             # The kernels so far, the launches to come and what they must move take too long?
-            # Asked first of what is known without analyzing a new kernel (`_known_spent`).
-            launches = self.space.launches(left) * self.launch_s
-            owed = self._owed(state)(()) / self.bandwidth
-            if launches + owed + self._known_spent(state) > self.bound_s or launches + max(
-                    self._spent(state) + owed,
-                    self._merged_later(state, lambda chunks: chunks * self._iteration_s)) > self.bound_s:
-                self._cut("kernels so far")
+            # Asked first of what is known without analyzing a new kernel (`Floors.known_spent`).
+            launches = self.space.launches(left) * floors.launch_s
+            owed = floors.owed(state)(()) / floors.bandwidth
+            if launches + owed + floors.known_spent(state) > floors.bound_s or launches + max(
+                    floors.spent(state) + owed,
+                    floors.merged_later(state, lambda chunks: chunks * floors.iteration_s)) > floors.bound_s:
+                floors.cut("kernels so far")
                 return
         if len(state.kernels) == depth:
             cand = self._candidate(state)
             if cand is not None:
                 yield cand
             return
-        if state.kernels and not self._missing(state):
+        if state.kernels and not self.floors.missing(state):
             # Every output is computed already: further kernels could only recompute one from it,
             # the same graph with more launches (the shallower depth has the graph without them).
             self.pruned += 1
@@ -542,7 +571,7 @@ class KernelSearch(Floors):
         ("library" or "graph") keeps kernels of that kind only. `later`: kernels to come after
         this one (graph kernels whose graphs cannot beat the bound are then not generated)."""
         # A kernel right before the last makes no dim class the outputs lack, unless a reshape.
-        lacking = not final and later == 1 and self._lacks_classes(s)
+        lacking = not final and later == 1 and self.floors.lacks_classes(s)
         if part[1] == 0 and kind != "graph":
             yield from (m for m in self._library_moves(s, final, rereads)
                         if not lacking or _reshapes(m.kernels[-1]))
@@ -558,28 +587,28 @@ class KernelSearch(Floors):
         every missing program output, and nothing else? (Any other output would be a tensor
         nothing reads.) Its dims must carry the output's classes, as `_whole_floor` assumes."""
         return len(outputs) <= len(missing) and all(
-            any(shape == self._outputs[i].size_shape and same_classes(pdims, self._output_classes[i])
+            any(shape == self.floors.outputs[i].size_shape and same_classes(pdims, self.floors.output_classes[i])
                 and self.oracle.equivalent(ae, i) for ae, shape, pdims in outputs)
             for i in missing
         )
 
     def _completes(self, missing: list[int], new: Sequence[tuple[AE, tuple[Size, ...], tuple[int, ...]]]) -> bool:
-        return all(any(self._is_output(ae, shape, classes, i) for ae, shape, classes in new) for i in missing)
+        return all(any(self.floors.is_output(ae, shape, classes, i) for ae, shape, classes in new) for i in missing)
 
     def _library_moves(
         self, s: KState, final: bool, rereads: bool | None = None, only: tuple[str, tuple[int, ...]] | None = None,
     ) -> Iterator[KState]:
         """Library kernels on the tensors of `s` (`only`: that op on those tensors)."""
         usable = [i for i, t in enumerate(s.tensors) if t.chunk is None]
-        missing = self._missing(s) if final else []
-        unused = self._unused(s) if final else []
-        floor_s = self._last_kernel_floor(s) if final else 0.0
+        missing = self.floors.missing(s) if final else []
+        unused = self.floors.unused(s) if final else []
+        floor_s = self.floors.last_kernel_floor(s) if final else 0.0
         for op in self.space.library_ops if only is None else [o for o in self.space.library_ops if o == only[0]]:
             arity = ops.OPS[op].arity
             for args in _tuples(usable, arity) if only is None else [only[1]]:
                 if not set(unused) <= set(args) or not self._reads_inputs(args, rereads):
                     continue
-                if final and op not in costmodel.FREE_OPS and self._too_slow(s, floor_s, args):
+                if final and op not in costmodel.FREE_OPS and self.floors.too_slow(s, floor_s, args):
                     self.pruned += 1
                     continue
                 for attrs in self._library_attrs.get(op, [{}]):
@@ -592,7 +621,7 @@ class KernelSearch(Floors):
                         continue
                     operands = [(s.tensors[a].ae, s.tensors[a].classes) for a in args]
                     ae, classes = self._alg.apply(op, operands, attrs, [])
-                    if op == "reshape":
+                    if op == Op.RESHAPE:
                         reshaped = self._reshapes.get((self.oracle.class_of(ae), operands[0][1], shape))
                         if reshaped is None:
                             self.pruned += 1
@@ -615,21 +644,21 @@ class KernelSearch(Floors):
         rereads: bool | None = None, later: int = 0, program: Program | None = None, first: bool = False,
     ) -> Iterator[KState]:
         """Graph kernels over every subset of the tensors (or `only` that one); `later` kernels to
-        come after a kernel that is not the last bound it (`_middle_floor`), or for a `first`
+        come after a kernel that is not the last bound it (`Floors.middle_floor`), or for a `first`
         kernel of graphs of any depth, what must follow it at any depth (a launch, the bytes the
-        later kernels must move: as `_ranked_first`). `program`: only the
+        later kernels must move: as `Floors.ranked_first`). `program`: only the
         block graphs that compute this program (the whole one over its inputs, or a part of it
         over the tensors `only`, its inputs named by their ids: `program_split`)."""
         indices = range(len(s.tensors))
-        missing = self._missing(s) if final else []
-        needed = self._inputs_of(missing) if final else set()
-        spans = self._classes_of(missing) if final else set()
+        missing = self.floors.missing(s) if final else []
+        needed = self.floors.inputs_of(missing) if final else set()
+        spans = self.floors.classes_of(missing) if final else set()
         if not spans <= set().union(*(t.classes for t in s.tensors)):
             return  # no subset of the tensors has every class the outputs have (block ops make none)
-        unused = self._unused(s) if final else []
-        spent = self._spent(s) if final else 0.0
-        middle = None if final or not (later or first) or self.bound_s == float("inf") else \
-            self._middle_floor(s, max(later, 1), part, then_last=not first)
+        unused = self.floors.unused(s) if final else []
+        spent = self.floors.spent(s) if final else 0.0
+        middle = None if final or not (later or first) or self.floors.bound_s == float("inf") else \
+            self.floors.middle_floor(s, max(later, 1), part, then_last=not first)
         for size in range(1, self.config.max_block_inputs + 1):
             for subset in combinations(indices, size):
                 if (only is not None and subset != only) or not self._reads_inputs(subset, rereads):
@@ -640,11 +669,11 @@ class KernelSearch(Floors):
                     continue  # the last kernel must see every program input its outputs read
                 if final and not spans <= set().union(*(s.tensors[i].classes for i in subset)):
                     continue  # and a dim of each class its outputs have (block ops make no dims)
-                if final and self._last_graph_floor(s, spent, subset, missing) > self.bound_s:
-                    self._cut("last kernel's inputs")
+                if final and self.floors.last_graph_floor(s, spent, subset, missing) > self.floors.bound_s:
+                    self.floors.cut("last kernel's inputs")
                     continue
-                if middle is not None and middle(subset) > self.bound_s:
-                    self._cut("middle kernel's inputs")
+                if middle is not None and middle(subset) > self.floors.bound_s:
+                    self.floors.cut("middle kernel's inputs")
                     continue
                 chunks = {c.axis for i in subset if (c := s.tensors[i].chunk) is not None}
                 if len(chunks) > 1:
@@ -655,23 +684,37 @@ class KernelSearch(Floors):
                     yield from self._concrete_moves(s, subset, specs, final, missing, program)
                     continue
                 # Middle kernels over program inputs only are the same after every earlier kernel:
-                # the second time they are generated, their least time is kept (`_middle_floor`).
-                walk = None if middle is None or first else self._middle_key(s, subset, part)
-                walks = 0 if walk is None else self._middle_walks.get(walk, 0)
+                # the second time they are generated, their least time is kept (`Floors.middle_floor`).
+                walk = None if middle is None or first else self.floors.middle_key(s, subset, part)
+                walks = 0 if walk is None else self.floors.middle_walks.get(walk, 0)
                 least = math.inf if walk is not None and walks == 1 and self.target is not None else None
-                blocks = self._blocks(specs, part) if program is None else self._program_blocks(s, specs, program)
+                # A middle kernel's block space walked whole before (after another earlier kernel
+                # computing the same tensors) is bounded by its graphs' least floors (`Floors.space_floors`).
+                bounding = middle if tie is None and program is None else None
+                space = None if bounding is None else _space_key(specs, part)
+                if bounding is not None and (known := self.floors.space_floors.get(space)) is not None \
+                        and bounding(subset, *known) > self.floors.bound_s:
+                    self.floors.cut("middle block space")
+                    continue
+                lowest = (math.inf, math.inf)  # the least (own, written) of the walk's block graphs
+                skipped: list[float] = []  # the floors of the loop bodies cut (`_body_cut`)
+                body_cut = None if bounding is None else self._body_cut(s, subset, bounding, skipped)
+                blocks = self._blocks(specs, part, body_cut) if program is None else \
+                    self._program_blocks(s, specs, program)
                 ended: list[bool] = []
                 cut = self._walk_floor(self._subset_floor(s, subset, final, later, first, part))
                 for block in self._walk(blocks, cut, ended):
                     if final and not self._completes_exactly(missing, sinks(block)):
                         self.pruned += 1
                         continue
-                    if middle is not None and tie is None and (tiled := self._tiled_floor(s, subset, block)) \
-                            and middle(subset, *tiled) > self.bound_s:
-                        if least is not None:  # its kernels take at least its own floor
-                            least = min(least, tiled[0])
-                        self._cut("middle block graph")
-                        continue
+                    if middle is not None and tie is None:
+                        tiled = self.floors.tiled_floor(s, subset, block)
+                        lowest = (min(lowest[0], tiled[0]), min(lowest[1], tiled[1])) if tiled else (0.0, 0.0)
+                        if tiled and middle(subset, *tiled) > self.floors.bound_s:
+                            if least is not None:  # its kernels take at least its own floor
+                                least = min(least, tiled[0])
+                            self.floors.cut("middle block graph")
+                            continue
                     kid = f"k{len(s.kernels)}"
                     ids = [t.id for t in s.tensors]
                     for res in resolve(block, specs, ids, kid, s.graph_kernels, tie, self._plans,
@@ -679,7 +722,7 @@ class KernelSearch(Floors):
                         outputs = [KTensor(tid, output_shape(block, tile, chunk), block.tiles[tile].ae,
                                            block.tiles[tile].pdims, chunk) for tid, tile, chunk in res.outputs]
                         if least is not None:
-                            least = min(least, self._least_alone(s, res.kernel, outputs))
+                            least = min(least, self.floors.least_alone(s, res.kernel, outputs))
                         key = (max(subset), subset, 1, _signature(res.kernel))
                         if key <= s.last_key:
                             continue
@@ -687,20 +730,42 @@ class KernelSearch(Floors):
                             self.pruned += 1
                             continue
                         yield KState((*s.tensors, *outputs), (*s.kernels, res.kernel), key, s.graph_kernels + 1)
+                if skipped:  # the block graphs of a body cut take at least its floor, and may write nothing
+                    least = None if least is None else min(least, *skipped)
+                    lowest = (min(lowest[0], *skipped), 0.0)
                 if walk is not None and not ended:  # a walk cut short knows no least time
-                    self._middle_walks[walk] = walks + 1
+                    self.floors.middle_walks[walk] = walks + 1
                     if least is not None:
-                        self._middle_least[walk] = least
+                        self.floors.middle_least[walk] = least
+                if space is not None and not ended:
+                    self.floors.space_floors[space] = lowest
+
+    def _body_cut(self, s: KState, subset: tuple[int, ...], middle: Callable[..., float], skipped: list[float],
+                  ) -> Callable[[BlockState], bool]:
+        """Does no block graph completing a loop body beat the bound (`Floors.body_floor` in `middle`,
+        the `Floors.middle_floor` of this kernel)? Counted as a cut of the bound, its floor noted in
+        `skipped` (what the walk learns of its kernels must cover theirs)."""
+        def cut(body: BlockState) -> bool:
+            if self.floors.bound_s == float("inf"):
+                return False
+            own = self.floors.body_floor(s, subset, body)
+            if middle(subset, own) <= self.floors.bound_s:
+                return False
+            self.floors.cut("middle loop body")
+            skipped.append(own)
+            return True
+
+        return cut
 
     def _subset_floor(self, s: KState, subset: tuple[int, ...], final: bool, later: int, first: bool,
                       part: tuple[int, int]) -> Callable[[], float]:
         """The least time of any graph through a kernel of `s` over these tensors, as `_graph_moves`
-        bounds it before its block graphs: a last kernel's (`_last_graph_floor`), or a middle or
-        first one's (`_middle_floor`); 0 for the others."""
+        bounds it before its block graphs: a last kernel's (`Floors.last_graph_floor`), or a middle or
+        first one's (`Floors.middle_floor`); 0 for the others."""
         if final:
-            return lambda: self._last_graph_floor(s, self._spent(s), subset, self._missing(s))
+            return lambda: self.floors.last_graph_floor(s, self.floors.spent(s), subset, self.floors.missing(s))
         if later or first:
-            return lambda: self._middle_floor(s, max(later, 1), part, then_last=not first)(subset)
+            return lambda: self.floors.middle_floor(s, max(later, 1), part, then_last=not first)(subset)
         return lambda: 0.0
 
     def _concrete_moves(
@@ -738,16 +803,25 @@ class KernelSearch(Floors):
         shape[t.chunk.dim] = t.chunk.base
         return InputSpec(index, tuple(shape), t.ae, t.classes, t.chunk.dim if tied else None)
 
-    def _blocks(self, specs: Sequence[InputSpec], part: tuple[int, int] = (1, 0)) -> Iterator[BlockState]:
-        """Complete block graphs over these inputs, smallest first. Generated lazily and memoized
-        (the same inputs recur across kernel-level states): a later walk over the same inputs
-        replays what was generated and continues from there. Kept for the most recently used
-        combinations of inputs, within `BLOCK_CACHE_ENTRIES` and `BLOCK_CACHE_STATES`."""
-        key = (part, *((sp.shape, sp.ae, sp.classes, sp.tied_dim) for sp in specs))
-        lazy = self.block_cache.use(key, lambda: Lazy(lambda: self._gen.complete_graphs(self._gen.start(specs), part)))
-        for state in lazy:
-            self._tick()
-            yield state
+    def _blocks(self, specs: Sequence[InputSpec], part: tuple[int, int] = (1, 0),
+                cut: Callable[[BlockState], bool] | None = None) -> Iterator[BlockState]:
+        """Complete block graphs over these inputs, smallest first, but those completing a loop body
+        that `cut` refuses (their post-loop graphs are then not generated). Generated lazily and
+        memoized (the same inputs recur across kernel-level states, whose bounds differ): a later
+        walk over the same inputs replays what was generated and continues from there. Kept for
+        the most recently used combinations of inputs, within `BLOCK_CACHE_ENTRIES` and
+        `BLOCK_CACHE_STATES`."""
+        def bodies() -> Iterator[tuple[BlockState, Lazy[BlockState]]]:
+            for body in self._gen.bodies(self._gen.start(specs), part):
+                yield body, Lazy(partial(self._gen.posts, body))
+
+        lazy = self.block_cache.use(_space_key(specs, part), lambda: Lazy(bodies))
+        for body, graphs in lazy:
+            if cut is not None and cut(body):
+                continue
+            for state in graphs:
+                self._tick()
+                yield state
 
     def _program_blocks(self, s: KState, specs: Sequence[InputSpec], program: Program) -> Iterator[BlockState]:
         """The block graphs computing `program` over the tensors of `s` that `specs` read (its
@@ -767,10 +841,10 @@ class KernelSearch(Floors):
     # -- candidates ------------------------------------------------------------------------------
     def _candidate(self, s: KState) -> SGraph | None:
         chosen: list[str] = []
-        for i in range(len(self._outputs)):
+        for i in range(len(self.floors.outputs)):
             match = next(
                 (t for t in reversed(s.tensors)
-                 if t.chunk is None and t.id not in chosen and self._is_output(t.ae, t.shape, t.classes, i)),
+                 if t.chunk is None and t.id not in chosen and self.floors.is_output(t.ae, t.shape, t.classes, i)),
                 None,
             )
             if match is None or match.id in {n.id for n in self.program.inputs}:
@@ -795,6 +869,16 @@ class KernelSearch(Floors):
         return sg
 
 
+def _cached_graphs(bodies: Lazy[tuple[BlockState, Lazy[BlockState]]]) -> int:
+    """The loop bodies and block graphs a block space keeps (`KernelSearch.block_cache`)."""
+    return sum(1 + len(graphs) for _, graphs in bodies.produced())
+
+
+def _space_key(specs: Sequence[InputSpec], part: tuple[int, int]) -> tuple[Any, ...]:
+    """What a part of a block space depends on: its inputs' shapes, values, classes and ties."""
+    return (part, *((sp.shape, sp.ae, sp.classes, sp.tied_dim) for sp in specs))
+
+
 def _tuples(indices: Sequence[int], arity: int) -> Iterator[tuple[int, ...]]:
     if arity == 1:
         for i in indices:
@@ -806,7 +890,7 @@ def _tuples(indices: Sequence[int], arity: int) -> Iterator[tuple[int, ...]]:
 
 
 def _reshapes(k: Kernel) -> bool:
-    return isinstance(k, LibraryKernel) and k.op == "reshape"
+    return isinstance(k, LibraryKernel) and k.op == Op.RESHAPE
 
 
 def _signature(k: GraphKernel) -> str:

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from superopt import ops
 from superopt.config import SPLITTABLE, UNSUPPORTED
+from superopt.ops import Op
 from superopt.program import Node, Program
 from superopt.verifier.oracle import AE, AV, abstract_program
 
@@ -44,8 +45,8 @@ class Chain:
 
 @dataclass(frozen=True)
 class Space:
-    block_ops: tuple[str, ...]  # ops a block graph may contain (ordered: the canonical rank)
-    library_ops: tuple[str, ...]  # ops a library kernel may run: the program's own ops
+    block_ops: tuple[Op, ...]  # ops a block graph may contain (ordered: the canonical rank)
+    library_ops: tuple[Op, ...]  # ops a library kernel may run: the program's own ops
     constants: tuple[float, ...]
     keepdim_false: bool  # whether reductions that drop their dim appear in the program
     free_kernels: int | None  # kernels of a schedule that may be free views (None: any number)
@@ -63,8 +64,8 @@ class Space:
 
 
 def space_of(program: Program) -> Space:
-    seen: list[str] = []
-    written: set[str] = set()
+    seen: list[Op] = []
+    written: set[Op] = set()
     consts: list[float] = []
     keepdim_false = False
     for n in program.topological():
@@ -72,7 +73,7 @@ def space_of(program: Program) -> Space:
             continue
         if n.op not in ops.OPS:
             raise UnsupportedProgram(f"node {n.id!r}: op {n.op!r} is not supported by the search")
-        if n.op == "const":
+        if n.op == Op.CONST:
             consts.append(float(n.attrs["value"]))
             continue
         written.add(n.op)
@@ -81,7 +82,7 @@ def space_of(program: Program) -> Space:
         for op in (n.op, *SPLITTABLE.get(n.op, ())):
             if op not in seen:
                 seen.append(op)
-        if n.op == "rms_norm":
+        if n.op == Op.RMS_NORM:
             consts.append(float(n.attrs["eps"]))
     block = tuple(op for op in _ORDER if op in seen and op not in UNSUPPORTED)
     library = tuple(op for op in _ORDER if op in written)
@@ -90,7 +91,7 @@ def space_of(program: Program) -> Space:
     chains = tuple(Chain(steps, tuple(values[o] for o in operands), tuple(values[n.id][0] for n in run[:-1]))
                    for run in runs for steps, operands in [chain_steps(program, run)])
     inner = {n.id for run in runs for n in run[:-1]}
-    outer = tuple(values[n.id][0] for n in program.topological() if n.op != "const" and n.id not in inner)
+    outer = tuple(values[n.id][0] for n in program.topological() if n.op != Op.CONST and n.id not in inner)
     return Space(block, library, tuple(dict.fromkeys(consts)), keepdim_false, _free_kernels(program), chains, outer)
 
 
@@ -133,7 +134,7 @@ def chain_steps(program: Program, run: Sequence[Node]) -> tuple[tuple[ChainOp, .
         for pos, i in enumerate(n.inputs):
             if k and i == run[k - 1].id:
                 refs.append(-1)
-            elif program.nodes[i].op == "const":
+            elif program.nodes[i].op == Op.CONST:
                 consts.append((pos, float(program.nodes[i].attrs["value"])))
             else:
                 if i not in operands:
@@ -151,11 +152,11 @@ def _free_kernels(program: Program) -> int | None:
     number where the program transposes (the prover's transpose rules make transposed values of
     many others)."""
     written = [n.op for n in program.topological()]
-    return None if "transpose" in written else sum(op == "reshape" for op in written)
+    return None if Op.TRANSPOSE in written else sum(op == Op.RESHAPE for op in written)
 
 
 # The canonical order of op types (the generator adds ops in increasing (operands, rank) order).
 _ORDER = (
-    "matmul", "mul", "div", "add", "sub", "neg", "exp", "sqrt", "rsqrt", "square", "silu", "gelu", "relu",
-    "sigmoid", "sum", "mean", "max", "rms_norm", "softmax", "transpose", "reshape",
+    Op.MATMUL, Op.MUL, Op.DIV, Op.ADD, Op.SUB, Op.NEG, Op.EXP, Op.SQRT, Op.RSQRT, Op.SQUARE, Op.SILU, Op.GELU,
+    Op.RELU, Op.SIGMOID, Op.SUM, Op.MEAN, Op.MAX, Op.RMS_NORM, Op.SOFTMAX, Op.TRANSPOSE, Op.RESHAPE,
 )

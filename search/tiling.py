@@ -22,6 +22,7 @@ from superopt import ops
 from superopt.build import BlockBuilder
 from superopt.dimclasses import NO_CLASS
 from superopt.object_cache import ObjectCache
+from superopt.ops import Op
 from superopt.search.block import CHAIN, UNIT, BlockState, InputSpec, Tile
 from superopt.sgraph import GraphKernel
 from superopt.sizes import Size
@@ -76,9 +77,28 @@ def axis_options(s: BlockState) -> list[frozenset[int]]:
     dim classes it splits (`_search_plans` chooses up to `max_grid` of them): a class of every
     output, classes side by side, a reduced class split into per-chunk partials, and, when no
     class of every output can be split, the axis of a single block (no class). Known before the
-    tilings are searched, for a floor of them all (`Floors._tiled_floor`)."""
+    tilings are searched, for a floor of them all (`Floors.tiled_floor`)."""
     parallel, _, partial = _Analysis(s).axes()
     return [*parallel, *(frozenset({c}) for c in partial)] + ([] if parallel else [frozenset()])
+
+
+def splittable_classes(s: BlockState) -> frozenset[int]:
+    """The program dim classes that a grid axis over one block class may split in some block graph
+    completing `s` (a loop body with its accumulators): later ops add tiles and may unify classes
+    of `s`, but never change the statuses of its tiles (`_statuses`), so a program class that
+    leaves a tile of `s` `bad` however many of its block classes the axis spans (an rms_norm's
+    dim, a dim summed inside an exp) is split by no such axis. Side-by-side axes are not covered
+    (a split of a second class may make a tile valid again). Known before the post-loop graphs
+    are generated, for a floor of them all (`Floors.body_floor`)."""
+    root_dims = [tuple(s.classes.find(d) for d in t.dims) for t in s.tiles]
+    roots: dict[int, set[int]] = {}
+    for dims in root_dims:
+        for r in dims:
+            if r != UNIT:
+                roots.setdefault(s.classes.program[r], set()).add(r)
+    return frozenset(p for p, rs in roots.items() if any(
+        _statuses(s, frozenset(spans), root_dims, None, False) is not None
+        for n in range(1, len(rs) + 1) for spans in combinations(sorted(rs), n)))
 
 
 class _Analysis:
@@ -161,11 +181,11 @@ def _side_by_side(
     """Grid axes over independent outputs side by side (X @ Wq and X @ Wk, split along their
     columns by one axis: a fused projection): one class of each output, none of them in every
     output, each standing for a program dim class of one block input only (its own weight's:
-    what the search's floors assume, `KernelSearch._middle_own`), all of one size, or of sizes
+    what the search's floors assume, `Floors._middle_own`), all of one size, or of sizes
     with a common divisor over 1 when each is the column class of a product (the axis size
     divides each: grouped-query attention's K and V projections are narrower than Q's, their
     tiles too). Other outputs of different sizes are left apart: the norms of attention's Q and K
-    side by side cost qknorm_gqa 60% more states before its winner, for no better schedule."""
+    side by side add many states before the winner, for no better schedule."""
     cl = s.classes
     owners: dict[int, int] = {}
     for k, t in enumerate(s.tiles):
@@ -174,7 +194,7 @@ def _side_by_side(
                 owners[pc] = owners.get(pc, 0) + 1
     own = {c for c in candidates if owners.get(cl.program[c]) == 1}
     choices = [sorted({c for c in root_dims[o] if c in own}) for o in outs]
-    products = {root_dims[k][-1] for k, t in enumerate(s.tiles) if t.op == "matmul"}  # classes of their columns
+    products = {root_dims[k][-1] for k, t in enumerate(s.tiles) if t.op == Op.MATMUL}  # classes of their columns
     found: list[frozenset[int]] = []
     for pick in product(*choices):
         axis = frozenset(pick)
@@ -437,28 +457,28 @@ def _status(t: Tile, a: list[str], root_dims: list[tuple[int, ...]], axis: froze
         if x not in (SUM, MEAN):
             return x
         # Scaling a partial sum by a constant keeps it a partial sum; anything else does not.
-        return x if op == "mul" or (op == "div" and t.consts[0][0] == 1) else BAD
+        return x if op == Op.MUL or (op == Op.DIV and t.consts[0][0] == 1) else BAD
     if op in ops.UNARY:
         x = a[0]
         if x in (SUM, MEAN):
-            return x if op == "neg" else BAD
+            return x if op == Op.NEG else BAD
         return x
     if op in ops.REDUCE:
         x = a[0]
         d = dict(t.attrs)["dim"]
         src = root_dims[t.args[0]]
         if x == SPLIT and src[d] in axis:
-            return {"sum": SUM, "mean": MEAN}.get(op, BAD)
-        if x in (SUM, MEAN) and op == "max":
+            return {Op.SUM: SUM, Op.MEAN: MEAN}.get(op, BAD)
+        if x in (SUM, MEAN) and op == Op.MAX:
             return BAD
         return x
-    if op in ("rms_norm", "softmax"):
+    if op in ops.NORMALIZE:
         x = a[0]
         d = dict(t.attrs)["dim"]
         if x == SPLIT and root_dims[t.args[0]][d] in axis:
             return BAD
         return BAD if x in (SUM, MEAN) else x
-    if op == "matmul":
+    if op == Op.MATMUL:
         x, y = a
         left = root_dims[t.args[0]]
         if x == SPLIT and left[-1] in axis:
@@ -473,15 +493,15 @@ def _status(t: Tile, a: list[str], root_dims: list[tuple[int, ...]], axis: froze
     # elementwise binary
     x, y = a
     if x in (SUM, MEAN) or y in (SUM, MEAN):
-        if op in ("add", "sub"):
+        if op in (Op.ADD, Op.SUB):
             return x if x == y else BAD
-        if op == "mul":
+        if op == Op.MUL:
             if x in (SUM, MEAN) and y == NONE:
                 return x
             if y in (SUM, MEAN) and x == NONE:
                 return y
             return BAD
-        if op == "div":
+        if op == Op.DIV:
             return x if x in (SUM, MEAN) and y == NONE else BAD
     return SPLIT if SPLIT in (x, y) else NONE
 
@@ -518,7 +538,7 @@ def _build(
         cid = const_ids.get((phase, value))
         if cid is None:
             adder = kb.op if phase == 0 else kb.after
-            cid = const_ids[(phase, value)] = adder("const", name=f"c{len(const_ids)}", value=value)
+            cid = const_ids[(phase, value)] = adder(Op.CONST, name=f"c{len(const_ids)}", value=value)
         return cid
 
     for k, t in enumerate(s.tiles):

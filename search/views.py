@@ -24,8 +24,8 @@ as a view of what the transpose became (a projected K written to a KV cache and 
 by attention). `exp(Q @ transpose(X @ W))` is searched as
 `exp(Q @ (W^T @ X^T))` over views of X and W. The searched program then has no free kernel
 inside a schedule, which would cost a level of depth and turn off the launch bounds
-(`Space.launches`): 225,273 states and 160 s for attention over a projected K at Q (2, 256, 64),
-X (2, 4096, 64) became 5,572 states and 4 s, the same winner.
+(`Space.launches`), so that attention over a projected K would search many times the states for
+the same winner.
 """
 
 from __future__ import annotations
@@ -35,10 +35,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from superopt import ops
+from superopt.ops import Op
 from superopt.program import Node, Program, ProgramError, Tensor
 from superopt.sgraph import LibraryKernel, SGraph, TensorDecl, input_decls, renamed
 
-VIEWS = ("transpose", "reshape")  # ops whose result, over a stored tensor, is a view of it
+VIEWS = ops.LAYOUT  # ops whose result, over a stored tensor, is a view of it
 
 
 @dataclass(frozen=True)
@@ -53,11 +54,11 @@ class ProgramViews:
         names = {n.id for n in p.inputs}
         read = {i for n in p.topological() for i in n.inputs}
         inputs = tuple(n for n in p.topological() if n.op in VIEWS and n.inputs[0] in names and n.id not in p.outputs)
-        stored = names | {n.id for n in inputs} | {n.id for n in p.topological() if n.op == "const"}
-        transposed = {n.id for n in p.topological() if n.op == "transpose"}  # a reshape of one is a copy
+        stored = names | {n.id for n in inputs} | {n.id for n in p.topological() if n.op == Op.CONST}
+        transposed = {n.id for n in p.topological() if n.op == Op.TRANSPOSE}  # a reshape of one is a copy
         outputs = tuple((i, n) for i, o in enumerate(p.outputs) if (n := p.nodes[o]).op in VIEWS and o not in read
                         and n.inputs[0] not in stored | set(p.outputs)
-                        and not (n.op == "reshape" and n.inputs[0] in transposed))
+                        and not (n.op == Op.RESHAPE and n.inputs[0] in transposed))
         if len({n.inputs[0] for _, n in outputs}) < len(outputs):
             outputs = ()  # two views of one value returned: the searched program would return it twice
         object.__setattr__(self, "inputs", inputs)
@@ -141,8 +142,8 @@ def _returned_through(p: Program) -> Program:
     """`p` with each computed value V that is returned and read only by one transpose T returned
     as `transpose(T)` by the inverse permutation (V itself renamed), or `p` when there is none."""
     readers = Counter(i for n in p.topological() for i in n.inputs) + Counter(p.outputs)
-    turn = {n.id: n.inputs[0] for n in p.topological() if n.op == "transpose" and n.inputs[0] in p.outputs
-            and readers[n.inputs[0]] == 2 and p.nodes[n.inputs[0]].op not in ("input", "const")}
+    turn = {n.id: n.inputs[0] for n in p.topological() if n.op == Op.TRANSPOSE and n.inputs[0] in p.outputs
+            and readers[n.inputs[0]] == 2 and p.nodes[n.inputs[0]].op not in ("input", Op.CONST)}
     if not turn:
         return p
     taken = set(p.nodes)
@@ -157,7 +158,7 @@ def _returned_through(p: Program) -> Program:
             q.nodes[nid] = Node(nid, n.op, tuple(renamed.get(i, i) for i in n.inputs), n.attrs, n.shape, n.dtype)
             if n.id in turn:
                 perm = list(n.attrs["perm"])
-                q.op("transpose", Tensor(q, nid), perm=[perm.index(d) for d in range(len(perm))], name=turn[n.id])
+                q.op(Op.TRANSPOSE, Tensor(q, nid), perm=[perm.index(d) for d in range(len(perm))], name=turn[n.id])
         q.outputs = list(p.outputs)
         return q.validate()
     except ProgramError:  # more nodes than a program may have
@@ -167,7 +168,7 @@ def _returned_through(p: Program) -> Program:
 def _inner_transposes(p: Program) -> int:
     """Transposes of computed values that some node reads: free kernels inside every schedule."""
     read = {i for n in p.topological() for i in n.inputs}
-    return sum(n.op == "transpose" and n.id in read and p.nodes[n.inputs[0]].op not in ("input", "const")
+    return sum(n.op == Op.TRANSPOSE and n.id in read and p.nodes[n.inputs[0]].op not in ("input", Op.CONST)
                for n in p.topological())
 
 
@@ -181,17 +182,17 @@ def _moved(p: Program) -> Program:
     sunk: dict[str, tuple[int, ...]] = {}  # node of p -> perm: it is the transpose of `ids[node]` by perm
     for n in p.topological():
         pending = [sunk[i] for i in n.inputs if i in sunk]
-        computed = n.op == "transpose" and p.nodes[n.inputs[0]].op not in ("input", "const")
-        perm = tuple(n.attrs["perm"]) if n.op == "transpose" else ()
+        computed = n.op == Op.TRANSPOSE and p.nodes[n.inputs[0]].op not in ("input", Op.CONST)
+        perm = tuple(n.attrs["perm"]) if n.op == Op.TRANSPOSE else ()
         if pending or (computed and pusher.sinks(n.id)):
-            if n.op == "transpose":  # of a sunk value: the two compose (and may cancel)
+            if n.op == Op.TRANSPOSE:  # of a sunk value: the two compose (and may cancel)
                 ids[n.id], perm = ids[n.inputs[0]], tuple(pending[0][d] for d in perm) if pending else perm
             else:
                 ids[n.id], perm = pusher.untransposed(ids, sunk, n, pending[0]), pending[0]
             if perm != tuple(range(len(perm))):
                 sunk[n.id] = perm
                 if n.id in p.outputs:  # returned as a view, named as the program names it
-                    q.op("transpose", Tensor(q, ids[n.id]), perm=perm, name=n.id)
+                    q.op(Op.TRANSPOSE, Tensor(q, ids[n.id]), perm=perm, name=n.id)
             continue
         pushed = pusher.transposed(ids, n.inputs[0], perm) if computed else None
         if pushed is None:
@@ -242,7 +243,7 @@ class _Pusher:
             if len(mine) > 1:
                 return False
             (perm,) = mine
-            if n.op == "transpose":
+            if n.op == Op.TRANSPOSE:
                 if (composed := tuple(perm[d] for d in n.attrs["perm"])) != tuple(range(len(perm))):
                     perms[n.id] = composed
                 continue
@@ -276,9 +277,9 @@ class _Pusher:
             return ids[nid]
         if n.op == "input":
             return self._view(ids, nid, perm)
-        if n.op == "const" or self.readers[nid] != 1:
+        if n.op == Op.CONST or self.readers[nid] != 1:
             return None
-        if n.op == "transpose":
+        if n.op == Op.TRANSPOSE:
             return self.transposed(ids, n.inputs[0], tuple(n.attrs["perm"][d] for d in perm))
         rank, attrs = len(n.shape), dict(n.attrs)
         operands: Sequence[str | None]
@@ -286,7 +287,7 @@ class _Pusher:
             operands = [ids[i] if not self.p.nodes[i].shape else
                         self.transposed(ids, i, perm) if len(self.p.nodes[i].shape) == rank else None
                         for i in n.inputs]
-        elif n.op == "matmul":
+        elif n.op == Op.MATMUL:
             a, b = n.inputs
             if {perm[-2], perm[-1]} != {rank - 2, rank - 1} or \
                     any(len(self.p.nodes[i].shape) != rank for i in n.inputs):
@@ -305,7 +306,7 @@ class _Pusher:
     def _view(self, ids: dict[str, str], nid: str, perm: tuple[int, ...]) -> str:
         """Input `nid` transposed by `perm`: one view per input and permutation."""
         if (nid, perm) not in self.views:
-            self.views[nid, perm] = self._add("transpose", [ids[nid]], {"perm": perm}, nid)
+            self.views[nid, perm] = self._add(Op.TRANSPOSE, [ids[nid]], {"perm": perm}, nid)
         return self.views[nid, perm]
 
     def _add(self, op: str, operands: list[str], attrs: dict[str, object], of: str) -> str:

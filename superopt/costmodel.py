@@ -39,6 +39,7 @@ from superopt.assignments import Table, assignment_table, divisors, enumerate_as
 from superopt.assignments import candidates as divisor_candidates
 from superopt.dtypes import dtype as get_dtype
 from superopt.instantiate import Instance
+from superopt.ops import ELEMENTWISE, LAYOUT, NORMALIZE, REDUCE, Op
 from superopt.program import Program
 from superopt.sgraph import GraphKernel, Kernel, LibraryKernel, SGraph, read_by_library, stored_order
 from superopt.targets import Target
@@ -51,12 +52,13 @@ MAX_THREADS_PER_SM = 2048
 SECTOR_BYTES = 32
 
 # FLOPs per output element of elementwise ops (transcendentals count several).
-ELEMENT_FLOPS = {
-    "add": 1, "sub": 1, "mul": 1, "div": 1, "neg": 1, "relu": 1, "square": 1, "const": 0,
-    "exp": 4, "sqrt": 4, "rsqrt": 4, "sigmoid": 6, "silu": 7, "gelu": 15,
+ELEMENT_FLOPS: dict[str, int] = {  # keyed by Op, read by any name
+    Op.ADD: 1, Op.SUB: 1, Op.MUL: 1, Op.DIV: 1, Op.NEG: 1, Op.RELU: 1, Op.SQUARE: 1, Op.CONST: 0,
+    Op.EXP: 4, Op.SQRT: 4, Op.RSQRT: 4, Op.SIGMOID: 6, Op.SILU: 7, Op.GELU: 15,
 }
 # FLOPs per input element of reductions and normalizations.
-REDUCE_FLOPS = {"sum": 1, "mean": 1, "max": 1, "rms_norm": 5, "softmax": 8}
+REDUCE_FLOPS: dict[str, int] = {Op.SUM: 1, Op.MEAN: 1, Op.MAX: 1, Op.RMS_NORM: 5, Op.SOFTMAX: 8}
+assert set(ELEMENT_FLOPS) == {*ELEMENTWISE, Op.CONST} and set(REDUCE_FLOPS) == {*REDUCE, *NORMALIZE}
 
 
 @dataclass
@@ -96,7 +98,7 @@ class Estimate:
 
 
 def op_flops(op: str, in_shapes: list[tuple[int, ...]], out_shape: tuple[int, ...]) -> int:
-    if op == "matmul":
+    if op == Op.MATMUL:
         a, b = in_shapes
         return 2 * math.prod(a[:-1]) * a[-1] * b[-1]
     if op in REDUCE_FLOPS:
@@ -114,7 +116,7 @@ def _matmul_peak(target: Target, dt: str, a: tuple[Any, ...], b: tuple[Any, ...]
 
 
 BOUNDS = ("dram", "compute", "latency", "launch", "free")  # what bounds a kernel's time
-FREE_OPS = ("const", "reshape", "transpose")  # library kernels that cost nothing: a launch argument, views
+FREE_OPS = (Op.CONST, *LAYOUT)  # library kernels that cost nothing: a launch argument, views
 
 
 @dataclass(frozen=True)
@@ -166,7 +168,7 @@ def _library(inst: Instance, k: LibraryKernel) -> _Costs:
     nbytes = get_dtype(info.dtypes[k.output]).nbytes
     dram = sum(math.prod(s) for s in in_shapes if s) * nbytes + math.prod(out_shape) * nbytes
     flops = op_flops(k.op, in_shapes, out_shape)
-    peak = _matmul_peak(t, info.dtypes[k.output], *in_shapes) if k.op == "matmul" else t.fp32_flops
+    peak = _matmul_peak(t, info.dtypes[k.output], *in_shapes) if k.op == Op.MATMUL else t.fp32_flops
     t_dram, t_comp = dram / (t.dram_bytes_per_s * LIBRARY_BANDWIDTH), flops / peak
     body = np.maximum(t_dram, t_comp)
     bound = np.where(body < t.launch_overhead_s, BOUNDS.index("launch"),
@@ -202,7 +204,7 @@ def _graph(inst: Instance, k: GraphKernel) -> _Costs:
         for op in phase:
             ins = [inst.tile(k.id, i) for i in op.inputs]
             f = op_flops(op.op, ins, inst.tile(k.id, op.id)) * repeat
-            peak = _matmul_peak(t, dt, *ins) if op.op == "matmul" else t.fp32_flops
+            peak = _matmul_peak(t, dt, *ins) if op.op == Op.MATMUL else t.fp32_flops
             flops = flops + f
             comp_s = comp_s + f / peak
     flops = flops + sum(math.prod(inst.tile(k.id, a.id)) for a in b.accumulators) * blocks * loop
@@ -275,7 +277,7 @@ def floor(program: Program, target: Target) -> Floor:
     dram += sum(math.prod(program.nodes[o].shape) * nbytes[o] for o in program.outputs)
     flops = 0
     for n in program.nodes.values():
-        if n.op not in ("input", "const"):
+        if n.op not in ("input", Op.CONST):
             flops += op_flops(n.op, [program.nodes[i].shape for i in n.inputs], n.shape)
     time_s = max(dram / target.dram_bytes_per_s, flops / target.tensor_flops)
     return Floor(dram, flops, time_s)
@@ -412,7 +414,7 @@ def whole_reduction_floor(
     iterations), split only by the axes over that input's classes, so an input lacking an output
     class is read again by every block along it. Compute, sector waste, waves and shared memory
     only add to `_graph`'s time; a block keeps at most `IN_FLIGHT_PER_BLOCK` bytes in flight and
-    an SM holds at most its thread limit's blocks."""
+    an SM holds at most its thread limit's blocks, and DRAM takes at least `_dram_latency_floor`."""
     options = sorted(axes, key=lambda a: (sorted(a[0]), a[1]))
     per_sm = _most_resident(target)
     best = math.inf
@@ -424,14 +426,26 @@ def whole_reduction_floor(
             nbytes * blocks / math.prod((g for c, g in split if c & classes), start=np.ones(1))
             for nbytes, classes in inputs)
         t_dram = dram / (target.dram_bytes_per_s * _bandwidth_fraction(target, blocks, per_sm, IN_FLIGHT_PER_BLOCK))
+        t_dram = np.maximum(t_dram, _dram_latency_floor(loop))
         best = min(best, float(np.min(np.maximum(t_dram, _latency(target, blocks, loop, per_sm)))))
     return target.launch_overhead_s + best
 
 
 def iteration_floor(target: Target, block_counts: Sequence[int]) -> float:
-    """The least loop latency `_graph` charges per loop iteration of a graph kernel with one of
-    these block counts: a kernel that walks c chunks in its loop takes at least c times this."""
-    return float(np.min(_latency(target, np.array(block_counts, dtype=np.float64), 1, _most_resident(target))))
+    """The least time `_graph` charges per loop iteration of a graph kernel with one of these
+    block counts (its loop latency, or `_dram_latency_floor`): a kernel that walks c chunks in its
+    loop takes at least c times this."""
+    latency = np.min(_latency(target, np.array(block_counts, dtype=np.float64), 1, _most_resident(target)))
+    return max(float(latency), _dram_latency_floor(1))
+
+
+def _dram_latency_floor(loop: int) -> float:
+    """The least DRAM time `_graph` gives a graph kernel whose loop walks an input over `loop`
+    iterations (or has one iteration): a block has in flight at most what it loads per iteration,
+    so the blocks' loads in flight are at most the bytes read over `loop`, and below
+    bandwidth x `DRAM_LATENCY_S` the bandwidth reached scales down with them: reading them takes
+    at least `loop` latencies, however few they are."""
+    return loop * DRAM_LATENCY_S
 
 
 def _most_resident(target: Target) -> int:

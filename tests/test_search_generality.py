@@ -162,10 +162,10 @@ def _tiles(s) -> tuple:
 
 
 def test_what_the_bound_cut_is_reported_by_floor(h100):
-    """The outcome counts the cuts of each floor (`Outcome.bounds`): where a search's time went."""
+    """The search counts the cuts of each floor (`SearchStats.bounds`): where a search's time went."""
     out = run_search(_rowsum(), h100, SearchConfig(), budget_s=120)
-    assert out.bounds and all(n > 0 for n in out.bounds.values())
-    assert sum(out.bounds.values()) <= out.stats.pruned
+    assert out.stats.bounds and all(n > 0 for n in out.stats.bounds.values())
+    assert sum(out.stats.bounds.values()) <= out.stats.pruned
 
 
 def test_an_oracle_over_inputs_that_span_every_class_has_no_freedom_facts():
