@@ -283,9 +283,10 @@ def _split_k_row_sums_sgraph(p: Program) -> SGraph:
     return b.build(["O"])
 
 
-def _row_max_program() -> Program:
-    p = Program("row_max")
-    p.output(p.op("max", p.input("X", (4, 64), "f32"), name="O", dim=-1, keepdim=True))
+def row_reduction(op: str = "max") -> Program:
+    """O = op(X, -1) of one (4, 64) input: the smallest program a loop over columns can get wrong."""
+    p = Program(f"row_{op}")
+    p.output(p.op(op, p.input("X", (4, 64), "f32"), name="O", dim=-1, keepdim=True))
     return p
 
 
@@ -333,7 +334,7 @@ WRONG: dict[str, Case] = {c.name: c for c in [
     Case("8 split-K partials each carrying a constant", lambda: _biased_row_sums("split", 64, 32, "one"),
          _split_k_row_sums_sgraph),
     # 9. a sum where a max belongs
-    Case("9 sum of per-tile maxima for the row max", _row_max_program, _summed_tile_maxima_sgraph),
+    Case("9 sum of per-tile maxima for the row max", row_reduction, _summed_tile_maxima_sgraph),
 ]}
 
 
@@ -910,7 +911,7 @@ CORRECT: dict[str, Case] = {c.name: c for c in [
     Case("split-K merged by a loop over the same axis", _split_k, lambda p: _split_k_merge(p, "z")),
     Case("split-K merged by a renamed loop", _split_k, lambda p: _split_k_merge(p, "w")),
     Case("row sum of exp taken after the loop (concat)", _row_sum_exp, _sum_after_loop),
-    Case("row max taken after the loop (concat)", _row_max_program, _row_max_after_loop),
+    Case("row max taken after the loop (concat)", row_reduction, _row_max_after_loop),
     Case("row sums of exp split over two kernels", _row_sum_exp, lambda p: _row_sums_in_chunks(p, "sum", of_exp=True)),
     Case("row means split over two kernels", _row_mean, lambda p: _row_sums_in_chunks(p, "mean", of_exp=False)),
     Case("matmul with the grid over rows instead of columns", _matmul_program, _matmul_over_rows),

@@ -8,7 +8,7 @@ import itertools
 
 import pytest
 from kernel_shapes import attention_block
-from proof_corpus import WRONG, base_case
+from proof_corpus import WRONG, base_case, row_reduction
 
 from superopt import Program, workloads
 from superopt.assignments import pick_for_checks
@@ -208,12 +208,6 @@ def test_maxima_of_tile_maxima_are_the_row_maximum():
 # -- check instantiations ------------------------------------------------------------------------------
 
 
-def _row_sum() -> Program:
-    p = Program("row_sum")
-    p.output(p.op("sum", p.input("X", (4, 64), "f32"), name="O", dim=-1, keepdim=True))
-    return p
-
-
 def _doubled_loop_mean(p: Program) -> SGraph:
     """The mean of the loop's tile sums, times 2: the row sum only at F = 2."""
     b = SGraphBuilder.for_program(p)
@@ -226,7 +220,7 @@ def _doubled_loop_mean(p: Program) -> SGraph:
 def test_check_instantiations_leave_one_and_two(monkeypatch):
     """The first assignment checked has every symbol above 2 where the sizes allow: the
     cheapest checks took F = 2, where doubling a loop mean gives the sum."""
-    p = _row_sum()
+    p = row_reduction("sum")
     wrong = _doubled_loop_mean(p)
     small = shrink(p)
     small_sg = shrink_sgraph(wrong, p, small)
