@@ -21,7 +21,8 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
+from typing import ClassVar
 
 import numpy as np
 
@@ -43,36 +44,41 @@ OPERATOR: dict[str, Callable[[Operand, Operand], Term]] = {
 
 
 @dataclass(frozen=True)
-class Ne:
+class _Relation:
+    """x <symbol> y, printed as mathematics."""
+
+    symbol: ClassVar[str]
+
+    def __str__(self) -> str:
+        x, y = (getattr(self, f.name) for f in fields(self))
+        return f"{x} {self.symbol} {y}"
+
+
+@dataclass(frozen=True)
+class Ne(_Relation):
     """x != y: two dims, or two axes."""
 
+    symbol: ClassVar[str] = "!="
     x: DimVar | AxisVar
     y: DimVar | AxisVar
 
-    def __str__(self) -> str:
-        return f"{self.x} != {self.y}"
-
 
 @dataclass(frozen=True)
-class Lt:
+class Lt(_Relation):
     """Dim x is left of dim y (dims count from the end: -3 < -2)."""
 
+    symbol: ClassVar[str] = "<"
     x: DimVar
     y: DimVar
 
-    def __str__(self) -> str:
-        return f"{self.x} < {self.y}"
-
 
 @dataclass(frozen=True)
-class Le:
+class Le(_Relation):
     """Dim x is at or left of the k-th dim from the end."""
 
+    symbol: ClassVar[str] = "<="
     x: DimVar
     k: int
-
-    def __str__(self) -> str:
-        return f"{self.x} <= {self.k}"
 
 
 @dataclass(frozen=True)
