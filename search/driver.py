@@ -22,7 +22,7 @@ the depth is done (`settle`): ties ordered only by text would otherwise be prove
 that meets a smaller one. The result keeps
 the best `contenders` proved ones: exactly those a search verifying everything would rank first (a
 candidate among them is never behind that many), whatever the shard cut and number of workers.
-The same bound, as a time, cuts kernel graphs that cannot be fast enough (`KernelSearch.bound_s`).
+The same bound, as a time, cuts kernel graphs that cannot be fast enough (`Floors.bound_s`).
 Candidates found in a search's first `HOLD_STATES` states are held, ranked, and proved best first
 once that many are visited, or by the driver when their depth is done: a small search
 (rmsnorm_matmul, lora) meets a fused candidate and then a faster one within a hundred states, and
@@ -240,9 +240,9 @@ class Searcher:
         if shard.settle:
             return self._settle(shard)
         ks = self.search
-        states0, pruned0, bounded0, cuts0 = ks.total_states, ks.total_pruned, ks.bounded, Counter(ks.cuts)
+        states0, pruned0, bounded0, cuts0 = ks.total_states, ks.total_pruned, ks.floors.bounded, Counter(ks.floors.cuts)
         ks.deadline = deadline
-        ks.keep = shard.keep
+        ks.floors.keep = shard.keep
         ks.max_states = None if max_states is None else states0 + max_states
         verified: list[Verified] = []
         rejected: list[tuple[str, str]] = []
@@ -252,7 +252,7 @@ class Searcher:
 
         def bound() -> Key | None:  # the key a candidate must beat: the keep-th best proved
             found = best[shard.keep - 1] if len(best) == shard.keep else None
-            ks.bound_s = found[0] if found else float("inf")
+            ks.floors.bound_s = found[0] if found else float("inf")
             return found
 
         held = list(shard.held)  # with those found in the shard's first `shard.hold_states` states
@@ -314,10 +314,12 @@ class Searcher:
         except BudgetExhausted:
             exhausted, firsts = True, []
         finally:
-            ks.bound_s, ks.on_state = float("inf"), outer
+            ks.floors.bound_s, ks.on_state = float("inf"), outer
         shard = replace(shard, bodies=None, firsts=None, held=())  # the driver has them: not sent back
+        floors = ks.floors
         return ShardResult(shard, verified, rejected, ks.total_states - states0, ks.total_pruned - pruned0, exhausted,
-                           dominated, deferred, ks.bounded - bounded0, firsts=firsts, held=held, cuts=ks.cuts - cuts0)
+                           dominated, deferred, floors.bounded - bounded0, firsts=firsts, held=held,
+                           cuts=floors.cuts - cuts0)
 
     def _settle(self, shard: Shard) -> ShardResult:
         """Prove the shard's tied candidates, best first, until `keep` of the best known are proved;
@@ -430,7 +432,7 @@ class Driver:
     def run(self) -> Outcome:
         self.prove_baseline()
         self.split()
-        self.local.search.keep = self.contenders  # first kernels dealt out (`deal`) are beaten by this many
+        self.local.search.floors.keep = self.contenders  # first kernels dealt out (`deal`) are beaten by this many
         for depth in range(1, self.config.max_kernel_ops + 1):
             if not self.search_depth(depth):
                 break

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import math
 import time
-from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import partial
@@ -144,35 +143,6 @@ class KernelSearch:
     @property
     def total_pruned(self) -> int:
         return self.pruned + self._gen.pruned + self.floors.pruned
-
-    # -- the floors' bound and counts, which the driver sets and reads ----------------------------
-    @property
-    def bound_s(self) -> float:
-        """Graphs that must take longer are cut: the best proved candidates' time (inf: none)."""
-        return self.floors.bound_s
-
-    @bound_s.setter
-    def bound_s(self, value: float) -> None:
-        self.floors.bound_s = value
-
-    @property
-    def keep(self) -> int:
-        """First kernels kept per computation (`Floors.undominated`): the driver's contenders."""
-        return self.floors.keep
-
-    @keep.setter
-    def keep(self, value: int) -> None:
-        self.floors.keep = value
-
-    @property
-    def bounded(self) -> int:
-        """Graphs cut by the bound (they might win at another shape)."""
-        return self.floors.bounded
-
-    @property
-    def cuts(self) -> Counter[str]:
-        """The same, by the floor that cut them (`Floors.cut`)."""
-        return self.floors.cuts
 
     def _tick(self) -> None:
         if self.on_state is not None:

@@ -40,7 +40,7 @@ def with_floors(spec: str, h100: Target) -> KernelSearch:
     """A kernel search of a workload with a finite bound, so that its floors are computed."""
     program = workloads.resolve(spec)
     ks = KernelSearch(program, space_of(program), Oracle(program), SearchConfig(), target=h100)
-    ks.bound_s = 1.0
+    ks.floors.bound_s = 1.0
     return ks
 
 

@@ -118,14 +118,14 @@ def test_a_first_kernel_that_cannot_beat_the_bound_is_cut_before_its_block_graph
     def generated(*args):
         raise AssertionError("the first kernels of a choice cut by the bound were generated")
 
-    ks.bound_s = 24.56e-6  # just above the winner's estimate
-    assert floor > ks.bound_s
+    ks.floors.bound_s = 24.56e-6  # just above the winner's estimate
+    assert floor > ks.floors.bound_s
     monkeypatch.setattr(ks, "first_kernels", generated)
-    bounded = ks.bounded
+    bounded = ks.floors.bounded
     assert list(ks.candidates_in(2, ("graph", (0, 1)))) == []
-    assert ks.bounded == bounded + 1
+    assert ks.floors.bounded == bounded + 1
     list(ks.candidates_in(2, ("graph", (0, 1, 2)), firsts=[]))
-    assert ks.bounded == bounded + 1  # reading X, Wu and Wg, the first kernel may do all the work
+    assert ks.floors.bounded == bounded + 1  # reading X, Wu and Wg, the first kernel may do all the work
 
 
 def test_kernels_cut_by_what_is_known_are_cut_without_being_analyzed(h100, monkeypatch):
@@ -138,7 +138,7 @@ def test_kernels_cut_by_what_is_known_are_cut_without_being_analyzed(h100, monke
     def search(known: bool) -> tuple[list[str], int, int]:
         program = workloads.resolve("gqa")
         ks = KernelSearch(program, space_of(program), Oracle(program), SearchConfig(max_kernel_ops=3), target=h100)
-        ks.bound_s = 11.7e-6  # just above the winner's estimate
+        ks.floors.bound_s = 11.7e-6  # just above the winner's estimate
         analyzed = []
         prefix, spent = ks.floors._prefix, ks.floors.spent
 
@@ -156,7 +156,7 @@ def test_kernels_cut_by_what_is_known_are_cut_without_being_analyzed(h100, monke
         if not known:
             monkeypatch.setattr(ks.floors, "known_spent", lambda s: 0.0)
         found = [sg.dumps() for sg in ks.candidates()]
-        return found, ks.bounded, len(analyzed)
+        return found, ks.floors.bounded, len(analyzed)
 
     found, bounded, analyses = search(known=True)
     found_before, bounded_before, analyses_before = search(known=False)
@@ -175,11 +175,11 @@ def test_middle_kernels_over_program_inputs_are_bounded_by_their_least_time_once
     def search(kept: bool) -> tuple[KernelSearch, set[str]]:
         program = workloads.resolve("gqa")
         ks = KernelSearch(program, space_of(program), Oracle(program), SearchConfig(max_kernel_ops=3), target=h100)
-        ks.bound_s = 11.7e-6  # just above the winner's estimate
+        ks.floors.bound_s = 11.7e-6  # just above the winner's estimate
         if not kept:
             monkeypatch.setattr(ks.floors, "middle_key", lambda s, subset, part: None)
         under = {sg.dumps() for sg in ks.candidates()
-                 if (ranked := rank(sg, h100)) and ranked[0].estimate.time_s <= ks.bound_s}
+                 if (ranked := rank(sg, h100)) and ranked[0].estimate.time_s <= ks.floors.bound_s}
         return ks, under
 
     ks, found = search(kept=True)
@@ -192,7 +192,7 @@ def test_middle_kernels_over_program_inputs_are_bounded_by_their_least_time_once
                if level == 1 and part == (1, 0) and least > ks.floors._middle_own(first, subset) * 1.01]
     assert binding, ks.floors.middle_least
     floor = ks.floors.middle_floor(first, 1)
-    ks.bound_s = float("inf")  # every middle and last kernel, to check the floor against
+    ks.floors.bound_s = float("inf")  # every middle and last kernel, to check the floor against
     checked = 0
     for subset, least in binding:
         for middle in itertools.islice(ks._graph_moves(first, False, only=subset), 20):
@@ -273,7 +273,7 @@ def test_a_kernels_grid_floor_is_below_its_least_estimate(h100, spec):
     for some kernels it is above the bytes they move at full bandwidth."""
     program = load_program(spec)
     ks = KernelSearch(program, space_of(program), Oracle(program), SearchConfig(), target=h100)
-    ks.bound_s = 1.0
+    ks.floors.bound_s = 1.0
     checked = tighter = later = 0
 
     def check(state) -> None:
@@ -305,7 +305,7 @@ def test_a_block_graphs_tiled_floor_is_below_the_grid_floor_of_every_kernel_it_t
     writes; it binds: for most kernels it is the grid floor (within 0.1%)."""
     program = load_program(spec)
     ks = KernelSearch(program, space_of(program), Oracle(program), SearchConfig(), target=h100)
-    ks.bound_s = 1.0  # finite, so the floors are computed, and large, so nothing is cut
+    ks.floors.bound_s = 1.0  # finite, so the floors are computed, and large, so nothing is cut
     tiled_from = []  # the block graph of each kernel `resolve` makes, in order
     resolve = kernel_module.resolve
 

@@ -145,12 +145,12 @@ def test_a_block_walk_stops_when_the_bound_falls_below_its_floor_and_resumes_who
     def tighten(k: KernelSearch) -> None:
         ticks.append(k.total_states)
         if len(ticks) == whole.total_states // 4:
-            k.bound_s = 1e-9  # below any graph's floor
+            k.floors.bound_s = 1e-9  # below any graph's floor
 
     ks.on_state = tighten
     list(ks.candidates_in(1, choice))
-    assert ks.cuts["block walk"] == 1 and len(ticks) < whole.total_states // 2
-    ks.on_state, ks.bound_s = None, float("inf")
+    assert ks.floors.cuts["block walk"] == 1 and len(ticks) < whole.total_states // 2
+    ks.on_state, ks.floors.bound_s = None, float("inf")
     specs = [ks._spec(t, i, False) for i, t in enumerate(ks.initial().tensors)]
     again, want = list(ks._blocks(specs)), list(whole._blocks(specs))
     assert len(want) > 10 and [_tiles(g) for g in again] == [_tiles(g) for g in want]

@@ -146,7 +146,7 @@ def test_first_kernels_beaten_by_a_retiling_lead_to_no_better_graph(h100, choice
 
     def ranked_candidates(keep: int) -> list[tuple[float, str]]:
         ks = KernelSearch(program, space_of(program), Oracle(program), SearchConfig(), target=h100)
-        ks.keep = keep
+        ks.floors.keep = keep
         return [(r[0].estimate.time_s, sg.dumps()) for sg in ks.candidates_in(2, ("graph", choice))
                 if (r := rank(sg, h100))]
 
@@ -174,7 +174,7 @@ def test_first_kernels_computing_one_value_by_other_ops_are_compared(h100):
 
     def search(keep: int) -> tuple[KernelSearch, list, list[tuple[float, str]]]:
         ks = KernelSearch(program, space_of(program), Oracle(program), SearchConfig(), target=h100)
-        ks.keep = keep
+        ks.floors.keep = keep
         firsts = list(ks._graph_moves(ks.initial(), False, only=(0, 1)))
         ranked = [(r[0].estimate.time_s, sg.dumps()) for sg in ks.candidates_in(2, ("graph", (0, 1)))
                   if (r := rank(sg, h100))]

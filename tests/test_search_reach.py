@@ -74,16 +74,16 @@ def test_a_middle_kernel_whose_outputs_cannot_carry_the_attention_is_cut_before_
     qk = next(f for f in ks._graph_moves(start, False, only=(0, 1))
               if len(f.tensors) == 4 and f.tensors[3].chunk is None and f.tensors[3].ae[0] == "sum"
               and len(set(f.tensors[3].classes) - {-1}) == 3)
-    ks.bound_s = 11.6595e-6
+    ks.floors.bound_s = 11.6595e-6
     floor = ks.floors.middle_floor(qk, 1)
     spent = ks.floors.spent(qk)
     after = ks.floors.launch_s + ks.floors.owed(qk)((0, 1, 3)) / ks.floors.bandwidth
-    assert spent + ks.floors._middle_own(qk, (0, 1, 3)) + after < ks.bound_s - 0.2e-6  # bytes alone: not cut
-    assert floor((0, 1, 3)) > ks.bound_s
+    assert spent + ks.floors._middle_own(qk, (0, 1, 3)) + after < ks.floors.bound_s - 0.2e-6  # bytes alone: not cut
+    assert floor((0, 1, 3)) > ks.floors.bound_s
     last = ks.floors._last_after(qk)
     assert last is not None and last((0, 1, 3)) >= ks.floors.launch_s + 4 * 2**20 / ks.floors.bandwidth
     ks.floors._reach = False
-    assert ks.floors.middle_floor(qk, 1)((0, 1, 3)) < ks.bound_s  # without the reach the floor stays below
+    assert ks.floors.middle_floor(qk, 1)((0, 1, 3)) < ks.floors.bound_s  # without the reach the floor stays below
 
 
 @pytest.mark.parametrize(("spec", "bound_s"), [("gqa", 11.7e-6), ("gqa:ci", 8e-6)])
@@ -94,7 +94,7 @@ def test_bounding_last_kernels_by_what_they_can_compute_cuts_states_not_candidat
     def search(reach: bool) -> tuple[list[str], int]:
         program = workloads.resolve(spec)
         ks = KernelSearch(program, space_of(program), Oracle(program), SearchConfig(max_kernel_ops=3), target=h100)
-        ks.bound_s, ks.floors._reach = bound_s, reach
+        ks.floors.bound_s, ks.floors._reach = bound_s, reach
         return [sg.dumps() for sg in ks.candidates()], ks.total_states
 
     found, states = search(reach=True)
