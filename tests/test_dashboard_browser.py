@@ -107,7 +107,8 @@ def test_submit_watch_and_open_the_kernel_in_chromium(browser, live, artifacts):
     browser.get(live + "/")
     browser.find_element(By.NAME, "token").send_keys("wrong")
     browser.find_element(By.CSS_SELECTOR, "form.card button").click()
-    assert "wrong token" in browser.find_element(By.TAG_NAME, "main").text
+    # a click returns before the answer has loaded: wait for the page, never read a blank one
+    wait.until(ec.text_to_be_present_in_element((By.TAG_NAME, "main"), "wrong token"))
     browser.get(live + f"/?token={TOKEN}")
     assert browser.current_url == live + "/" and browser.title.startswith("Jobs")
     assert all(c["httpOnly"] for c in browser.get_cookies())
@@ -154,5 +155,6 @@ def test_submit_watch_and_open_the_kernel_in_chromium(browser, live, artifacts):
 
     # signing out drops the cookie
     browser.find_element(By.CSS_SELECTOR, "form.logout button").click()
+    wait.until(ec.presence_of_element_located((By.NAME, "token")))  # redirected to the sign-in form
     browser.get(live + "/ui/cache")
     assert browser.find_elements(By.NAME, "token")
