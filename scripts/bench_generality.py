@@ -11,10 +11,13 @@ whether the winner is fused (has a graph-defined kernel), its speedup over the u
 its time over the physical floor, and whether a fusion beats unfused at all (the cheapest of the
 schedules `KernelSearch.program_split` builds directly, one graph kernel per part, by estimate).
 The summary: the fused fraction where a fusion beats unfused, median and p95 search time, the
-worst case, and programs slower than their unfused baseline. Writes JSON.
+worst case, and programs slower than their unfused baseline. With `--check`, each winner's
+generated CUDA also runs in the CPU harness at small shapes against an independent numpy
+evaluation of the program (`winner_check.py`): its error, and the programs whose winner is wrong.
+Writes JSON.
 
     .venv/bin/python scripts/bench_generality.py [--budget-s 60] [--count 64] [--seed 0] [--only 3,17]
-        [--json out/bench_generality.json]
+        [--check] [--json out/bench_generality.json]
 """
 
 from __future__ import annotations
@@ -30,8 +33,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from winner_check import check_winner
+
 from superopt import Program
 from superopt.program import Tensor
+from superopt.sgraph import SGraph
 
 CHAIN_OPS = ("bias", "scale", "gelu", "silu", "sigmoid", "relu", "residual")
 SCALES = (0.5, 0.125, 2.0, 0.7071)
@@ -66,7 +72,7 @@ print(json.dumps({
     "depth": o.stats.depth, "best_us": best.best.estimate.time_us, "baseline_us": base.best.estimate.time_us,
     "floor_us": costmodel.floor(program, h100).time_s * 1e6, "kernels": len(best.sgraph.kernels),
     "fused": any(isinstance(k, GraphKernel) for k in best.sgraph.kernels),
-    "direct_us": min(direct, default=None), "best_found_s": o.stats.best_found_s,
+    "direct_us": min(direct, default=None), "best_found_s": o.stats.best_found_s, "sgraph": best.sgraph.to_json(),
 }))
 """
 
@@ -173,12 +179,17 @@ def family(seed: int, count: int) -> list[tuple[str, Program]]:
     return out
 
 
-def run(program: Program, budget_s: float) -> dict[str, Any]:
+def run(program: Program, budget_s: float, check: bool = False, seed: int = 0) -> dict[str, Any]:
     done = subprocess.run([sys.executable, "-c", RUN, str(budget_s)], input=json.dumps(program.to_json()),
                           capture_output=True, text=True, cwd=tempfile.gettempdir())
     if done.returncode != 0:
         return {"error": done.stderr.strip().splitlines()[-1] if done.stderr.strip() else f"exit {done.returncode}"}
     row: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    sg = SGraph.from_json(row.pop("sgraph"))
+    if check:
+        outcome = check_winner(program, sg, seed)
+        row["check"] = outcome if isinstance(outcome, str) else {
+            "error": outcome.error, "tolerance": outcome.tolerance, "shapes": outcome.shapes, "ok": outcome.ok}
     return row
 
 
@@ -205,7 +216,15 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "p95_s": round(times[min(len(times) - 1, int(0.95 * len(times)))], 2) if times else None,
         "worst": None if worst is None else {"program": worst["program"], "seconds": worst["seconds"]},
         "slower_than_unfused": [r["program"] for r in ok if float(r["best_us"]) > float(r["baseline_us"]) * (1 + 1e-9)],
+        "checked": sum(1 for r in ok if isinstance(r.get("check"), dict)),
+        "wrong": [r["program"] for r in ok if isinstance(r.get("check"), dict) and not r["check"]["ok"]],
     }
+
+
+def _check_text(check: dict[str, Any] | str | None) -> str:
+    if check is None or isinstance(check, str):
+        return check or ""
+    return f"{check['error']:.1e} ({check['shapes']})" + ("" if check["ok"] else " WRONG")
 
 
 def main() -> None:
@@ -215,14 +234,18 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--only", default="", help="comma-separated indices into the family (default: all)")
     ap.add_argument("--json", default="out/bench_generality.json")
+    ap.add_argument("--check", action="store_true",
+                    help="run each winner's CUDA in the CPU harness against an independent numpy evaluation")
     args = ap.parse_args()
     programs = family(args.seed, args.count)
     chosen = [int(i) for i in args.only.split(",") if i] or range(len(programs))
     rows = []
-    print(f"{'program':48s} {'states':>8s} {'s':>7s} complete fused speedup /floor fusible")
+    print(f"{'program':48s} {'states':>8s} {'s':>7s} complete fused speedup /floor fusible" +
+          " numpy-check" * args.check)
     for i in chosen:
         kind, program = programs[i]
-        row = {"program": program.name, "kind": kind, "ops": len(program.nodes), **run(program, args.budget_s)}
+        row = {"program": program.name, "kind": kind, "ops": len(program.nodes),
+               **run(program, args.budget_s, args.check, args.seed * 1000 + i)}
         rows.append(row)
         if "error" in row:
             print(f"{program.name:48s} error: {row['error']}", flush=True)
@@ -230,7 +253,8 @@ def main() -> None:
         speedup = float(row["baseline_us"]) / float(row["best_us"])
         row["speedup"], row["over_floor"] = round(speedup, 3), round(float(row["best_us"]) / float(row["floor_us"]), 3)
         print(f"{program.name:48s} {row['states']:8d} {row['seconds']:7.2f} {row['complete']!s:8s} "
-              f"{row['fused']!s:5s} {speedup:7.2f} {row['over_floor']:6.2f} {fusible(row)}", flush=True)
+              f"{row['fused']!s:5s} {speedup:7.2f} {row['over_floor']:6.2f} {fusible(row)!s:7s} " +
+              _check_text(row.get("check")), flush=True)
     summary = summarize(rows)
     print(json.dumps(summary, indent=1))
     out = Path(args.json)

@@ -6,12 +6,14 @@ in f16, bf16 or f32, batched or not, drawn from `--seed`. Printed per program: i
 search time, the winner's kernel count and speedup over the unfused baseline, and a verdict:
 `ok` (proved), `baseline` (no fused schedule proved within the budget: a search or prover gap to
 look at), `error` (optimize raised; the message), `NOT PROVED` (a soundness failure: never
-expected). Writes JSON. Bugs it found: float checks at inputs where the program overflows its
-dtype, programs defined only at negative inputs, unfusable negations, unprovable swapped
-differences.
+expected). With `--check`, each winner's generated CUDA also runs in the CPU harness against an
+independent numpy evaluation of the program (`winner_check.py`): `WRONG` when it disagrees (a
+soundness failure of the prover, the codegen or both: never expected). Writes JSON. Bugs it
+found: float checks at inputs where the program overflows its dtype, programs defined only at
+negative inputs, unfusable negations, unprovable swapped differences.
 
     .venv/bin/python scripts/fuzz_optimize.py [--seed 1] [--count 30] [--budget-s 20] [--json out/fuzz.json]
-        [--intermediate-outputs] [--layouts] [--heads]
+        [--intermediate-outputs] [--layouts] [--heads] [--check]
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ import random
 import tempfile
 import time
 from pathlib import Path
+
+from winner_check import check_winner
 
 from superopt import Program
 from superopt.api import optimize
@@ -92,12 +96,13 @@ def random_program(rng: random.Random, intermediate: bool = False, layouts: bool
     return p
 
 
-def run(program: Program, budget_s: float) -> dict[str, object]:
+def run(program: Program, budget_s: float, check: bool = False, seed: int = 0) -> dict[str, object]:
     ops = [n.op for n in program.topological() if n.op not in ("input", Op.CONST)]
     row: dict[str, object] = {"program": program.name, "summary": program.summary(), "ops": ops}
     t0 = time.perf_counter()
     try:
-        report = optimize(program, target="h100", budget_s=budget_s, cache=False, reuse=False).report()
+        result = optimize(program, target="h100", budget_s=budget_s, cache=False, reuse=False)
+        report = result.report()
     except Exception as e:  # every failure is a finding to print
         row.update(seconds=round(time.perf_counter() - t0, 2), verdict="error", error=f"{type(e).__name__}: {e}")
         return row
@@ -108,6 +113,14 @@ def run(program: Program, budget_s: float) -> dict[str, object]:
     row.update(seconds=round(time.perf_counter() - t0, 2), kernels=best["kernels"], speedup=round(best["speedup"], 2),
                budget_exhausted=report["search"]["budget_exhausted"],
                verdict="NOT PROVED" if not proved else "ok" if fused else "baseline")
+    if check:
+        outcome = check_winner(program, result.best.sgraph, seed)
+        if isinstance(outcome, str):
+            row.update(check=outcome)
+        else:
+            row.update(check_error=outcome.error, check_tolerance=outcome.tolerance, check_shapes=outcome.shapes)
+            if not outcome.ok:
+                row.update(verdict="WRONG")
     return row
 
 
@@ -123,6 +136,8 @@ def main() -> None:
                     help="sometimes split the product into two heads (a reshape) before the ops after it")
     ap.add_argument("--layouts", action="store_true",
                     help="sometimes store W transposed, transpose the product, return the result transposed")
+    ap.add_argument("--check", action="store_true",
+                    help="run each winner's CUDA in the CPU harness against an independent numpy evaluation")
     args = ap.parse_args()
     rows = []
     with tempfile.TemporaryDirectory() as cache:  # kept sGraphs of throwaway programs go nowhere
@@ -130,11 +145,13 @@ def main() -> None:
         for i in range(args.count):
             program = random_program(random.Random(args.seed * 1000 + i), args.intermediate_outputs, args.layouts,
                                      args.heads)
-            row = run(program, args.budget_s)
+            row = run(program, args.budget_s, args.check, args.seed * 1000 + i)
             rows.append(row)
             detail = row.get("error") or f"{row['kernels']} kernels, x{row['speedup']}"
+            if args.check:
+                detail += f", numpy check {row.get('check') or format(row['check_error'], '.2e')}"
             print(f"{i:3d} {row['verdict']:10s} {row['seconds']:6.1f} s  {detail}  {' '.join(row['ops'])}", flush=True)
-    counts = {v: sum(r["verdict"] == v for r in rows) for v in ("ok", "baseline", "error", "NOT PROVED")}
+    counts = {v: sum(r["verdict"] == v for r in rows) for v in ("ok", "baseline", "error", "NOT PROVED", "WRONG")}
     print("\n| " + " | ".join(counts) + " |\n|" + "---|" * len(counts) + "\n| " +
           " | ".join(str(c) for c in counts.values()) + " |")
     out = Path(args.json)

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from scripts_loader import load_script
 from typer.testing import CliRunner
 
 from superopt import ops, workloads
@@ -51,15 +52,7 @@ ENV = ("SUPEROPT_DB_URL", "SUPEROPT_SECRET", "SUPEROPT_TOKEN", "SUPEROPT_ALLOWED
        "SUPEROPT_MAX_TENSOR_ELEMENTS", "SUPEROPT_MAX_PROGRAM_BYTES", "XDG_CACHE_HOME")
 
 
-def _gen_docs() -> Any:
-    spec = importlib.util.spec_from_file_location("gen_docs", ROOT / "scripts" / "gen_docs.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-GEN = _gen_docs()
+GEN = load_script("gen_docs")
 GENERATED = sorted(GEN.PAGES)
 PAGES = [README, *(p for p in sorted((ROOT / "docs").glob("*.md")) if p.name not in GENERATED)]
 

@@ -4,28 +4,12 @@ random pairs finds no wrong proof."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-from types import ModuleType
+from scripts_loader import load_script
 
 from superopt.dimclasses import dim_classes
 from superopt.sgraph import input_decls, rebind
 
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def _load() -> ModuleType:
-    """The script as a module (scripts/ is no package); registered, as its dataclasses need."""
-    spec = importlib.util.spec_from_file_location("fuzz_soundness", ROOT / "scripts" / "fuzz_soundness.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-fuzz = _load()
+fuzz = load_script("fuzz_soundness")
 SLICE_PAIRS = 600  # about a minute on one core
 
 
