@@ -1000,7 +1000,9 @@ def _scales_into_smaller_operand(program: Program) -> Program | None:
     the algebra is exact: (X @ W) * s = (X * s) @ W for s constant along the product's columns
     (a constant, or r of shape (M, 1)), = X @ (W * s) for s constant along its rows (s of shape
     (1, N)); a quotient (X @ W) / s likewise. Scaling the smaller operand touches fewer elements,
-    and the scale then runs in the loop over the products' shared dim. Only products nothing else
+    and the scale then runs in the loop over the products' shared dim. A column scale of a product
+    whose columns are then summed (or averaged) goes into W whatever the sizes: the row sums are
+    then X @ rowsum(W * s), W reduced once where it is read anyway. Only products nothing else
     reads nor returns, and scales no elementwise chain holds (`chain_runs`: moved out, the rest of
     the chain is no chain of the space); None when the program has no such scale."""
     readers: dict[str, list[Node]] = {}
@@ -1018,7 +1020,10 @@ def _scales_into_smaller_operand(program: Program) -> Program | None:
             if m.op != Op.MATMUL or m.id in program.outputs or len(readers.get(m.id, [])) != 1 or \
                     len(m.shape) < 2 or n.shape != m.shape or scale.id == m.id:
                 continue
-            into = _scaled_operand(program, m, scale)
+            reduced = [r for r in readers.get(n.id, []) if r.op in (Op.SUM, Op.MEAN)]
+            columns_reduced = len(reduced) == len(readers.get(n.id, [])) == 1 and \
+                reduced[0].attrs["dim"] % len(n.shape) == len(n.shape) - 1
+            into = _scaled_operand(program, m, scale, columns_reduced)
             if into is not None:
                 moves[n.id] = (m.id, into, scale.id)
                 break
@@ -1047,10 +1052,11 @@ def _scales_into_smaller_operand(program: Program) -> Program | None:
     return out
 
 
-def _scaled_operand(program: Program, m: Node, scale: Node) -> int | None:
+def _scaled_operand(program: Program, m: Node, scale: Node, columns_reduced: bool = False) -> int | None:
     """Which operand of product `m` (0: X, 1: W) a scale of its result may move into: X when the
     scale is constant along the result's columns, W when along its rows, each only when that
-    operand has fewer elements than the other; None when neither."""
+    operand has fewer elements than the other, or for W when the scaled result's columns are
+    reduced next (`columns_reduced`); None when neither."""
     x, w = (program.nodes[i] for i in m.inputs)
     if len(x.shape) != len(m.shape) or len(w.shape) != len(m.shape) or x.shape[:-2] != w.shape[:-2]:
         return None  # a broadcast batch: the scale's batch dims would not be the operand's
@@ -1065,7 +1071,7 @@ def _scaled_operand(program: Program, m: Node, scale: Node) -> int | None:
     size_x, size_w = (int(np.prod(n.shape)) for n in (x, w))
     if into_x and size_x < size_w:
         return 0
-    if into_w and size_w < size_x:
+    if into_w and (size_w < size_x or (columns_reduced and scale.op != Op.CONST)):
         return 1
     return None
 

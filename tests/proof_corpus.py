@@ -22,6 +22,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from superopt import Program
@@ -283,6 +284,64 @@ def _split_k_row_sums_sgraph(p: Program) -> SGraph:
     return b.build(["O"])
 
 
+# -- reductions moved onto a product's operand (corpora A and B) -------------------------------
+
+
+def _reduced_biased_product(op: str, dim: int = -1) -> Callable[[], Program]:
+    """The row sums (means) of X @ W + B, B a row broadcast along X's rows (`dim` -2: the column
+    sums, over the rows B is broadcast along)."""
+    return lambda: _program(f"{op}_biased_product", {"X": (8, 16), "W": (16, 12), "B": (1, 12)},
+                            lambda p, x, w, bias: p.op(op, p.op("add", x @ w, bias), dim=dim, keepdim=True))
+
+
+def _reduced_on_the_weights(op: str, bias_op: str | None = None) -> Callable[[Program], SGraph]:
+    """X @ W + B reduced along W's columns as X @ reduce(W) + reduce(B): the weight's rows
+    reduced in one kernel, then a matrix-vector product with B reduced (by `bias_op`, default
+    `op`) once per block."""
+    def make(p: Program) -> SGraph:
+        b = SGraphBuilder.for_program(p)
+        k0 = b.graph(grid=[("x", "gx")])
+        k0.output(k0.acc(k0.op(op, k0.input("W", [0], None), dim=1, keepdim=True)), "R", [0])
+        k1 = b.graph(grid=[("y", "gy")])
+        product = k1.op("matmul", k1.input("X", [0], None), k1.input("R", [None], None))
+        bias = k1.op(bias_op or op, k1.input("B", [None], None), dim=1, keepdim=True)
+        k1.output(k1.acc(k1.op("add", product, bias)), "O", [0])
+        return b.build(["O"])
+    return make
+
+
+def _column_sums_without_row_count(p: Program) -> SGraph:
+    """Column sums of X @ W + B as colsum(X) @ W + B: B added once, not once per row."""
+    b = SGraphBuilder.for_program(p)
+    k0 = b.graph(grid=[("x", "gx")])
+    k0.output(k0.acc(k0.op("sum", k0.input("X", [1], None), dim=0, keepdim=True)), "CX", [1])
+    k1 = b.graph(grid=[("y", "gy")])
+    product = k1.op("matmul", k1.input("CX", [None], None), k1.input("W", [1], None))
+    k1.output(k1.acc(k1.op("add", product, k1.input("B", [1], None))), "O", [1])
+    return b.build(["O"])
+
+
+def _reduced_column_scaled_product(op: str) -> Program:
+    """The row sums of (X @ W) scaled column by column (S of shape (1, N)), by `op` (mul or div)."""
+    return _program(f"rowsum_{op}_scaled_product", {"X": (8, 16), "W": (16, 12), "S": (1, 12)},
+                    lambda p, x, w, scale: p.op("sum", p.op(op, x @ w, scale), dim=-1, keepdim=True))
+
+
+def _scaled_weight_row_sums(op: str, apart: bool = False) -> Callable[[Program], SGraph]:
+    """The scale moved into W and W's scaled rows summed in one kernel, then X @ that vector
+    (`apart`: W's rows and S summed each alone, their product taken: wrong)."""
+    def make(p: Program) -> SGraph:
+        b = SGraphBuilder.for_program(p)
+        k = b.graph(grid=[("x", "gx")])
+        w, scale = k.input("W", [0], None), k.input("S", [None], None)
+        row = k.op(op, k.op("sum", w, dim=1, keepdim=True), k.op("sum", scale, dim=1, keepdim=True)) if apart \
+            else k.op("sum", k.op(op, w, scale), dim=1, keepdim=True)
+        k.output(k.acc(row), "R", [0])
+        b.library("matmul", "X", "R", out="O")
+        return b.build(["O"])
+    return make
+
+
 def row_reduction(op: str = "max") -> Program:
     """O = op(X, -1) of one (4, 64) input: the smallest program a loop over columns can get wrong."""
     p = Program(f"row_{op}")
@@ -335,6 +394,13 @@ WRONG: dict[str, Case] = {c.name: c for c in [
          _split_k_row_sums_sgraph),
     # 9. a sum where a max belongs
     Case("9 sum of per-tile maxima for the row max", row_reduction, _summed_tile_maxima_sgraph),
+    # 10. a reduction moved onto a product's weight, its bias or scale reduced wrongly
+    Case("10 row sums of X @ W + B with B's mean for its sum", _reduced_biased_product("sum"),
+         _reduced_on_the_weights("sum", "mean")),
+    Case("10 column sums of X @ W + B with B added once", _reduced_biased_product("sum", -2),
+         _column_sums_without_row_count),
+    Case("10 row sums of (X @ W) * S with W and S summed apart", partial(_reduced_column_scaled_product, "mul"),
+         _scaled_weight_row_sums("mul", apart=True)),
 ]}
 
 
@@ -784,6 +850,27 @@ def _distributed_matmul(p: Program) -> SGraph:
     return b.build(["O"])
 
 
+def _reduced_biased_product(op: str) -> Callable[[], Program]:
+    """The row sums (means) of X @ W + B, B a row broadcast along X's rows."""
+    return lambda: _program(f"{op}_biased_product", {"X": (8, 16), "W": (16, 12), "B": (1, 12)},
+                            lambda p, x, w, bias: p.op(op, p.op("add", x @ w, bias), dim=-1, keepdim=True))
+
+
+def _reduced_on_the_weights(op: str) -> Callable[[Program], SGraph]:
+    """X @ W + B reduced along W's columns as X @ reduce(W) + reduce(B): the weight's rows
+    reduced in one kernel, then a matrix-vector product with B reduced once per block."""
+    def make(p: Program) -> SGraph:
+        b = SGraphBuilder.for_program(p)
+        k0 = b.graph(grid=[("x", "gx")])
+        k0.output(k0.acc(k0.op(op, k0.input("W", [0], None), dim=1, keepdim=True)), "R", [0])
+        k1 = b.graph(grid=[("y", "gy")])
+        product = k1.op("matmul", k1.input("X", [0], None), k1.input("R", [None], None))
+        bias = k1.op(op, k1.input("B", [None], None), dim=1, keepdim=True)
+        k1.output(k1.acc(k1.op("add", product, bias)), "O", [0])
+        return b.build(["O"])
+    return make
+
+
 def _summed_operands_in_loop(p: Program) -> SGraph:
     """(X + Y) tiles added inside the loop before the product."""
     b = SGraphBuilder.for_program(p)
@@ -933,6 +1020,12 @@ CORRECT: dict[str, Case] = {c.name: c for c in [
     Case("(X + Y) + Z as X + (Z + Y)", _three_sum, _regrouped_three_sum),
     Case("(X + Y) @ W as X @ W + Y @ W", _sum_matmul, _distributed_matmul),
     Case("(X + Y) @ W with the sum inside the loop", _sum_matmul, _summed_operands_in_loop),
+    Case("row sums of X @ W + B as X @ rowsum(W) + sum(B)", _reduced_biased_product("sum"),
+         _reduced_on_the_weights("sum")),
+    Case("row means of X @ W + B as X @ rowmean(W) + mean(B)", _reduced_biased_product("mean"),
+         _reduced_on_the_weights("mean")),
+    *[Case(f"row sums of (X @ W) {sym} S as X @ rowsum(W {sym} S)", partial(_reduced_column_scaled_product, op),
+           _scaled_weight_row_sums(op)) for op, sym in (("mul", "*"), ("div", "/"))],
     Case("relu(X) @ W, grid over rows, loop over K", _relu_matmul, _relu_in_loop),
     Case("gated MLP: (X @ W2) * silu(X @ W1)", _gated_mlp,
          lambda p: _gated_mlp_sgraph(p, lambda k, a1, a2: k.after("mul", a2, k.after("silu", a1)))),

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from scripts_loader import load_script
 
+from superopt import Program
+from superopt.build import SGraphBuilder
 from superopt.dimclasses import dim_classes
 from superopt.sgraph import input_decls, rebind
 
@@ -57,6 +59,30 @@ def test_hops_make_schedules_that_are_right_only_where_the_widths_agree():
                  if fuzz.judge(fuzz.Case(programs, m, ""), _never).mismatch is not None
                  and fuzz.judge(fuzz.Case((equal,), rebind(m, input_decls(equal)), ""), _never).mismatch is None]
     assert size_only, [m.dumps() for m in hops]
+
+
+def _softmax_shifted_by_exp_of_max() -> tuple[Program, object]:
+    """softmax(X) @ W, and a kernel subtracting exp(max(X)) instead of max(X) before the exp:
+    the same values (a softmax is unchanged by any shift constant along its row), but an exp of
+    a value that went through exp is outside the finite field's exact fragment."""
+    p = Program("shifted_softmax")
+    p.output(p.op("matmul", p.softmax(p.input("X", (3, 6), "f16"), -1), p.input("W", (6, 9), "f16")))
+    b = SGraphBuilder.for_program(p)
+    k = b.graph(grid=[("x", "gx"), ("y", "gy")])
+    x = k.input("X", [0, None], None)
+    e = k.op("exp", k.op("sub", x, k.op("exp", k.op("max", x, dim=1, keepdim=True))))
+    out = k.op("div", k.op("matmul", e, k.input("W", [None, 1], None)), k.op("sum", e, dim=1, keepdim=True))
+    k.output(k.acc(out), "O", [0, 1])
+    return p, b.build(["O"])
+
+
+def test_a_field_only_difference_is_no_wrong_proof():
+    """Where finite fields differ but float64 agrees (their model of exp of exp is not exp), the
+    pair is counted apart, not as wrong-proved; the e-graph proves it (exp(x - c) = exp(x) / exp(c),
+    cancelled in the quotient)."""
+    program, sg = _softmax_shifted_by_exp_of_max()
+    j = fuzz.judge(fuzz.Case((program,), sg, "shifted"), fuzz.EgraphProver())
+    assert j.proved and j.field_only and j.mismatch is None and not j.wrong_proved
 
 
 def test_a_recorded_wrong_proof_is_judged_again_by_replay(tmp_path):

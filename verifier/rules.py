@@ -224,6 +224,11 @@ def _ex_row_scale(rng: np.random.Generator) -> Bindings:
     return Bindings(tensors={"A": _rand(rng, 2, 4, 3), "S": scale, "B": _rand(rng, 2, 3, 5)}, extents={"n": 3})
 
 
+def _ex_col_scale(rng: np.random.Generator) -> Bindings:
+    scale = np.abs(_rand(rng, 2, 1, 5)) + 0.5
+    return Bindings(tensors={"A": _rand(rng, 2, 4, 3), "S": scale, "B": _rand(rng, 2, 3, 5)}, extents={"n": 3})
+
+
 def _ex_const_scale(rng: np.random.Generator) -> Bindings:
     return Bindings(tensors={"A": _rand(rng, 2, 4, 3), "B": _rand(rng, 2, 3, 5)},
                     consts={"c": float(rng.uniform(0.5, 2.0))}, extents={"n": 3})
@@ -358,6 +363,15 @@ def _ex_reduced_scale(rng: np.random.Generator) -> Bindings:
                     extents={"n": (3, 4)[dim]})
 
 
+def _ex_bcast_reduced(rng: np.random.Generator) -> Bindings:
+    """E broadcast along one dim (size 1 there) and reduced along another, of its own extent."""
+    dims = [int(x) for x in rng.permutation([-1, -2, -3])[:2]]
+    shape = [3, 4, 5]
+    shape[dims[1]] = 1
+    return Bindings(tensors={"E": _rand(rng, *shape)}, dims={"d": dims[0], "d2": dims[1]},
+                    extents={"n": shape[dims[0]]})
+
+
 def _ex_indep(rng: np.random.Generator) -> Bindings:
     sizes = _axes(rng, "x")
     return Bindings(tensors={"E": _rand(rng, 2, 3)}, axes={"a": "x"}, sizes=sizes)
@@ -448,6 +462,10 @@ RULES: list[Rule] = [
     Rule("matmul-const-left", (A * c).matmul(B, n), A.matmul(B, n) * c, (), _ex_const_scale),
     Rule("matmul-const-right", A.matmul(B * c, n), A.matmul(B, n) * c, (), _ex_const_scale),
     Rule("matmul-row-scale-mul", (A * S.bcast(-1)).matmul(B, n), A.matmul(B, n) * S.bcast(-1), (), _ex_row_scale),
+    # a column scale of a product is a column scale of its right operand (moved in, where a sum of
+    # the product's columns can then take the weight's: X @ rowsum(W * s))
+    *[Rule(f"matmul-col-scale-{op}", OPERATOR[op](A.matmul(B, n), S.bcast(-2)),
+           A.matmul(OPERATOR[op](B, S.bcast(-2)), n), (), _ex_col_scale) for op in (Op.MUL, Op.DIV)],
     # products regroup and distribute over sums: X @ (A @ B) is (X @ A) @ B, a low-rank update
     # X @ (W + A @ B) is X @ W + (X @ A) @ B; each product keeps the extent it contracts
     Rule("matmul-assoc", A.matmul(B, n).matmul(S, m), A.matmul(B.matmul(S, m), n), (), _ex_matmul_chain),
@@ -505,6 +523,10 @@ RULES: list[Rule] = [
       for op in (Op.SUM, Op.MEAN) for bop in (Op.ADD, Op.SUB)],
     # a term constant along the reduced dim (a constant, a broadcast) is its own mean, whatever
     # the extent (its sum would be it times the extent: no schedule needs that rule yet)
+    # a reduction along one dim of a broadcast along another is the broadcast of the reduction (a
+    # row sum of X @ W + b, b broadcast along the rows: sum(b) once, then broadcast)
+    *[Rule(f"{op}-of-bcast-other", E.bcast(d2).reduce(op, d, n), E.reduce(op, d, n).bcast(d2), (Ne(d, d2),),
+           _ex_bcast_reduced) for op in (Op.SUM, Op.MEAN)],
     Rule("mean-of-const", t.const(c).mean(d, n), t.const(c), (), _ex_constant_along),
     Rule("mean-of-bcast", S.bcast(d).mean(d, n), S, (), _ex_constant_along),
     # a scale broadcast along the reduced dim comes out of the reduction (the sum of a normalized
