@@ -850,27 +850,6 @@ def _distributed_matmul(p: Program) -> SGraph:
     return b.build(["O"])
 
 
-def _reduced_biased_product(op: str) -> Callable[[], Program]:
-    """The row sums (means) of X @ W + B, B a row broadcast along X's rows."""
-    return lambda: _program(f"{op}_biased_product", {"X": (8, 16), "W": (16, 12), "B": (1, 12)},
-                            lambda p, x, w, bias: p.op(op, p.op("add", x @ w, bias), dim=-1, keepdim=True))
-
-
-def _reduced_on_the_weights(op: str) -> Callable[[Program], SGraph]:
-    """X @ W + B reduced along W's columns as X @ reduce(W) + reduce(B): the weight's rows
-    reduced in one kernel, then a matrix-vector product with B reduced once per block."""
-    def make(p: Program) -> SGraph:
-        b = SGraphBuilder.for_program(p)
-        k0 = b.graph(grid=[("x", "gx")])
-        k0.output(k0.acc(k0.op(op, k0.input("W", [0], None), dim=1, keepdim=True)), "R", [0])
-        k1 = b.graph(grid=[("y", "gy")])
-        product = k1.op("matmul", k1.input("X", [0], None), k1.input("R", [None], None))
-        bias = k1.op(op, k1.input("B", [None], None), dim=1, keepdim=True)
-        k1.output(k1.acc(k1.op("add", product, bias)), "O", [0])
-        return b.build(["O"])
-    return make
-
-
 def _summed_operands_in_loop(p: Program) -> SGraph:
     """(X + Y) tiles added inside the loop before the product."""
     b = SGraphBuilder.for_program(p)
