@@ -5,7 +5,7 @@ an operator learns of a forged or damaged row before anyone asks for it (or, aft
 changed, which rows no longer pass). Per winner: the MACs of every row a hit serves, its program
 and its kernel proved again (`winner_problem`). Per candidate: its MAC and, when its verdict says
 proved, its proof made again (`kernel_problem`); and its stored CUDA, when it has any, byte-equal
-with the CUDA its sGraph generates now.
+with the CUDA its sGraph generates now. Per job with a result: the result's MAC.
 """
 
 from __future__ import annotations
@@ -20,14 +20,15 @@ from sqlalchemy.orm import joinedload
 from superopt.core.result import Candidate as ResultCandidate
 from superopt.db.cache import kernel_problem, winner_problem, winners_in
 from superopt.db.engine import Database
-from superopt.db.models import Candidate, Workload
+from superopt.db.integrity import job_fields, signer_for
+from superopt.db.models import Candidate, Job, Workload
 from superopt.db.recheck import generate_code
 from superopt.targets import target as costmodel_target
 
 
 @dataclass(frozen=True)
 class BadRow:
-    table: str  # "winner" or "candidate"
+    table: str  # "winner", "candidate" or "job"
     id: int
     program: str  # the name and hash prefix of the program it was stored for
     problems: list[str]
@@ -56,7 +57,12 @@ def audit(db: Database) -> Audit:
             problems = [p for p in (kernel_problem(s, c, wl), _code_problem(c)) if p is not None]
             if problems:
                 bad.append(BadRow("candidate", c.id, _program(wl), problems))
-    return Audit(len(winners) + len(candidates), bad)
+        signer = signer_for(s)
+        jobs = list(s.scalars(select(Job).where(Job.result.is_not(None)).order_by(Job.id)))
+        for j in jobs:
+            if (problem := signer.problem(job_fields(j), j.result_mac)) is not None:
+                bad.append(BadRow("job", j.id, _program(workloads[j.workload_id]), [f"its result {problem}"]))
+    return Audit(len(winners) + len(candidates) + len(jobs), bad)
 
 
 def _code_problem(c: Candidate) -> str | None:

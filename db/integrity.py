@@ -5,7 +5,8 @@ plain sha256 beside a row is recomputed as easily as the row is edited. So every
 winner row carries an HMAC-SHA256 over the canonical JSON of all its columns (but its creation
 time) and of the rows whose fields a hit serves with it: the program and target it answers, and
 for a winner its job's result summary and the MACs of its kernel, its baseline and its ranked
-candidates. Each MAC covers the row's id, so no signed row can stand in for another.
+candidates. A job's result summary, which GET /jobs/{id} serves, is signed too (`job_fields`).
+Each MAC covers the row's id, so no signed row can stand in for another.
 
 The key is not in the database: SUPEROPT_SECRET, else a random key in a file created 0600 beside
 the SQLite database. A PostgreSQL database is shared by hosts that each need the same key, so
@@ -28,7 +29,7 @@ from sqlalchemy.engine import URL
 from sqlalchemy.orm import Session
 
 from superopt.db.engine import shown
-from superopt.db.models import Candidate, Target, Winner, Workload
+from superopt.db.models import Candidate, Job, Target, Winner, Workload
 from superopt.digest import canonical_json
 from superopt.paths import cache_dir
 
@@ -128,6 +129,20 @@ def winner_fields(w: Winner, summary: dict[str, Any] | None) -> dict[str, Any]:
         "time_us": float(w.time_us), "workload": _workload(w.workload), "target": _target(w.target),
         "summary": summary,
     }
+
+
+def set_job_result(s: Session, job: Job, result: dict[str, Any]) -> None:
+    """Store a job's result summary with its MAC (`job_fields`; the job has its id)."""
+    assert job.id is not None, "a job's result is signed with its id: flush the job first"
+    job.result = result
+    job.result_mac = signer_for(s).mac(job_fields(job))
+
+
+def job_fields(j: Job) -> dict[str, Any]:
+    """What a job's result MAC covers: the result summary served with the job, and what says
+    which job and program it answers."""
+    return {"table": "job", "id": j.id, "workload_id": j.workload_id, "config_hash": j.config_hash,
+            "cache_hit": bool(j.cache_hit), "result": j.result}
 
 
 def _workload(w: Workload) -> dict[str, Any]:

@@ -26,6 +26,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import logging
 import math
 from collections.abc import Collection
 from dataclasses import dataclass
@@ -42,11 +43,14 @@ from superopt.core.result import Result
 from superopt.db.cache import Hit, hit_in, progress_of, store_in, workload_in
 from superopt.db.engine import Database
 from superopt.db.errors import Conflict, NotFound, RequestError, stored_id
+from superopt.db.integrity import job_fields, set_job_result, signer_for
 from superopt.db.keys import CacheKey
 from superopt.db.models import Job, JobState, utcnow
 from superopt.program import Program
 from superopt.targets import TARGETS, fingerprint
 from superopt.targets import target as costmodel_target
+
+log = logging.getLogger(__name__)
 
 AUTO_FALLBACK = "h100"  # what "auto" means without a GPU (the optimizer's rule: local GPU, else h100 estimates)
 
@@ -160,11 +164,11 @@ class JobQueue:
                     max_states=max_states, force=force, max_attempts=max_attempts, progress={},
                     idempotency_key=idempotency_key, request_digest=digest,
                 )
-                if hit is not None:
-                    _answer(job, hit)
                 s.add(job)
-                s.flush()
-                return _view(job)
+                s.flush()  # its id, which its result's MAC covers
+                if hit is not None:
+                    _answer(s, job, hit)
+                return _view(s, job)
         except IntegrityError:
             # A concurrent submission with the same key inserted first: answer its job.
             raced = self._keyed(idempotency_key, digest) if idempotency_key is not None else None
@@ -183,16 +187,16 @@ class JobQueue:
             if job.request_digest != digest:
                 raise RequestError("idempotency-key", f"already used for job {job.id} with a different request; "
                                                       "a new request needs a new key")
-            return _view(job)
+            return _view(s, job)
 
     def get(self, job_id: int) -> JobView:
         with self.db.read() as s:
-            return _view(_job(s, job_id))
+            return _view(s, _job(s, job_id))
 
     def get_many(self, ids: Collection[int]) -> list[JobView]:
         with self.db.read() as s:
             jobs = s.scalars(select(Job).where(Job.id.in_(list(ids))).options(joinedload(Job.workload)))
-            return [_view(j) for j in sorted(jobs, key=lambda j: j.id)]
+            return [_view(s, j) for j in sorted(jobs, key=lambda j: j.id)]
 
     def cancel(self, job_id: int) -> JobView:
         """Cancel a queued or running job (a running one's worker notices at its next heartbeat)."""
@@ -201,7 +205,7 @@ class JobQueue:
             if JobState(job.state).terminal:
                 raise Conflict(f"job {job_id} has already finished ({job.state})")
             _end(job, JobState.cancelled)
-            return _view(job)
+            return _view(s, job)
 
     # -- workers -------------------------------------------------------------------------------
     def claim(self, worker_id: str, only: Collection[int] | None = None) -> Claim | None:
@@ -260,10 +264,10 @@ class JobQueue:
             job = _owned(s, claim)
             if job is None:
                 return None
-            job.result = store_in(s, job, result)
+            set_job_result(s, job, store_in(s, job, result))
             job.progress = progress_of(result)
             _end(job, JobState.succeeded)
-            return _view(job)
+            return _view(s, job)
 
     def finish_cached(self, claim: Claim, hit: Hit) -> JobView | None:
         """Mark the job succeeded as answered by a cache hit."""
@@ -271,8 +275,8 @@ class JobQueue:
             job = _owned(s, claim)
             if job is None:
                 return None
-            _answer(job, hit)
-            return _view(job)
+            _answer(s, job, hit)
+            return _view(s, job)
 
     def fail(self, claim: Claim, error: str) -> JobView | None:
         with self.db.write() as s:
@@ -281,7 +285,7 @@ class JobQueue:
                 return None
             job.error = error
             _end(job, JobState.failed)
-            return _view(job)
+            return _view(s, job)
 
     def release(self, claim: Claim) -> bool:
         """Give a job back to the queue at once (a worker stopping), without waiting for its lease."""
@@ -360,13 +364,13 @@ def _job(s: Session, job_id: int, lock: bool = False) -> Job:
     return job
 
 
-def _answer(job: Job, hit: Hit) -> None:
+def _answer(s: Session, job: Job, hit: Hit) -> None:
     """The job answered by a cache hit; `input_names` maps the cached kernel's input names to the
     job program's where they differ (one canonical hash, other names)."""
     now = utcnow()
     job.cache_hit = True
     names = input_names(hit.result.program, Program.from_json(json.loads(job.program_json)))
-    job.result = {**hit.summary, **({"input_names": names} if names else {})}
+    set_job_result(s, job, {**hit.summary, **({"input_names": names} if names else {})})
     job.progress = {"phase": "cache hit"}
     job.started_at = job.started_at or now
     _end(job, JobState.succeeded)
@@ -378,12 +382,18 @@ def _end(job: Job, state: JobState) -> None:
     job.finished_at = utcnow()
 
 
-def _view(job: Job) -> JobView:
+def _view(s: Session, job: Job) -> JobView:
+    """The job as it is served: a result that fails its MAC (edited in the database, or written
+    before results were signed) is withheld, and its error says why."""
+    result, error = job.result, job.error
+    if result is not None and (problem := signer_for(s).problem(job_fields(job), job.result_mac)) is not None:
+        log.warning("job %s: its stored result %s; withheld", job.id, problem)
+        result, error = None, error or f"the stored result {problem}; withheld"
     return JobView(
         id=job.id, state=JobState(job.state), program_name=job.workload.name, program_hash=job.workload.program_hash,
         target=job.target, config_hash=job.config_hash, budget_s=job.budget_s, max_states=job.max_states,
-        force=job.force, progress=dict(job.progress or {}), error=job.error, attempts=job.attempts,
-        worker_id=job.worker_id, cache_hit=job.cache_hit, result=job.result, created_at=job.created_at,
+        force=job.force, progress=dict(job.progress or {}), error=error, attempts=job.attempts,
+        worker_id=job.worker_id, cache_hit=job.cache_hit, result=result, created_at=job.created_at,
         started_at=job.started_at, finished_at=job.finished_at,
     )
 

@@ -102,6 +102,7 @@ class Job(Base):
     lease_expires_at: Mapped[datetime | None]
     cache_hit: Mapped[bool] = mapped_column(default=False)
     result: Mapped[dict[str, Any] | None]
+    result_mac: Mapped[str | None] = mapped_column(String(64))  # over the result (`integrity.job_fields`)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     started_at: Mapped[datetime | None]
     finished_at: Mapped[datetime | None]

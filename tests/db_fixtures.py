@@ -36,9 +36,9 @@ from superopt.config import SearchConfig
 from superopt.core.result import Candidate, Result, SearchStats, Verdict
 from superopt.costmodel import estimate, floor
 from superopt.db.engine import Database
-from superopt.db.integrity import candidate_fields, signer_for, winner_fields
+from superopt.db.integrity import candidate_fields, job_fields, signer_for, winner_fields
 from superopt.db.models import Candidate as CandidateRow
-from superopt.db.models import Winner, Workload
+from superopt.db.models import Job, Winner, Workload
 from superopt.instantiate import instantiate
 from superopt.program import Program
 from superopt.sgraph import SGraph
@@ -74,7 +74,7 @@ def database_url(kind: str, tmp_path: Path) -> Iterator[str]:
 
 
 def resign(db: Database) -> None:
-    """Sign every candidate and winner row again with the database's key: rows edited by an
+    """Sign every candidate, winner and job result again with the database's key: rows edited by an
     insider who holds the key, which only the checks after the MACs can refuse."""
     with db.write() as s:
         signer = signer_for(s)
@@ -82,6 +82,8 @@ def resign(db: Database) -> None:
             c.mac = signer.mac(candidate_fields(c, s.get_one(Workload, c.workload_id), c.target))
         for w in s.scalars(select(Winner)):
             w.mac = signer.mac(winner_fields(w, w.job.result))
+        for j in s.scalars(select(Job).where(Job.result.is_not(None))):
+            j.result_mac = signer.mac(job_fields(j))
 
 
 _VERDICTS: dict[tuple[str, str], Verdict] = {}

@@ -29,6 +29,7 @@ from superopt.db.cache import KernelCache
 from superopt.db.engine import open_database
 from superopt.db.errors import CacheIntegrityWarning, NotFound
 from superopt.db.integrity import KEY_FILE, SECRET_ENV
+from superopt.db.jobs import JobQueue
 from superopt.db.migrate import alembic_config
 from superopt.db.models import Candidate, Job, Winner
 from superopt.program import Program
@@ -180,6 +181,25 @@ def test_cache_verify_lists_the_bad_rows(db, url):
     assert "differ from those its sGraph generates" in problems["candidate", summary["kernel_id"]]
 
 
+def test_an_edited_job_result_is_withheld_and_listed_by_cache_verify(db, url, caplog):
+    """GET /jobs/{id} and `superopt status` serve a job's result summary: one edited in the
+    database (a speedup of 1000) is withheld with the reason, and `cache verify` lists the job."""
+    _, _, summary = stored(db)
+    queue = JobQueue(db)
+    job_id = 1  # the job `KernelCache.store` recorded
+    assert queue.get(job_id).result == summary
+    with db.write() as s:
+        s.execute(update(Job).values(result={**summary, "speedup": 1000.0}))
+    with caplog.at_level(logging.WARNING, logger="superopt.db.jobs"):
+        view = queue.get(job_id)
+    assert view.result is None and "fails its MAC" in view.error and "withheld" in view.error
+    assert f"job {job_id}" in caplog.text
+    report = json.loads(runner.invoke(app, ["cache", "verify", "--db", url, "--json"]).stdout)
+    assert ("job", job_id) in {(b["table"], b["id"]) for b in report["bad"]}
+    resign(db)
+    assert queue.get(job_id).result == {**summary, "speedup": 1000.0}  # an insider with the key: signed
+
+
 def test_rows_written_before_rows_were_signed_are_misses(db):
     cache, program, _ = stored(db)
     cfg = alembic_config()
@@ -190,6 +210,8 @@ def test_rows_written_before_rows_were_signed_are_misses(db):
         conn.commit()
     with pytest.warns(CacheIntegrityWarning, match="has no MAC"):
         assert cache.lookup(program, H100) is None
+    view = JobQueue(db).get(1)
+    assert view.result is None and "has no MAC" in view.error
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
