@@ -10,6 +10,7 @@ import functools
 import json
 import sys
 from collections.abc import Callable
+from contextlib import closing
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
@@ -636,7 +637,8 @@ def cache_verify(db: DbOption = None, as_json: JsonOption = False) -> None:
     from superopt.db.engine import open_database
     from superopt.jobs_render import audit_table
 
-    report = audit(open_database(db, existing=True))
+    with closing(open_database(db, existing=True)) as database:
+        report = audit(database)
     if as_json:
         emit_json(report.to_json())
     elif report.bad:
