@@ -2,7 +2,8 @@
 
 The family (`family`): chains of 1-16 elementwise ops (bias adds, constant scales, gelu, silu,
 sigmoid, relu, residual adds) in random orders after or before matmuls of several shapes,
-reductions (sum, mean, max, scaled) after matmuls, norms before matmuls (with a chain after),
+reductions (sum, mean, max, scaled) after matmuls, row sums and means of biased or column-scaled
+matmuls, norms before matmuls (with a chain after),
 softmax after a matmul and attention variants (scaled, normed, the softmax spelled out), in f16
 and f32. Each program is searched in a fresh subprocess (its peak memory its own) with the in-process
 `run_search` on the h100 cost model, within `--budget-s`. Printed per program: states, seconds,
@@ -117,6 +118,18 @@ def _reduction_after(rng: random.Random, dtype: str) -> Program:
     return p
 
 
+def _affine_reduction(rng: random.Random, dtype: str) -> Program:
+    """A row sum or mean of X @ W with a bias added or a column scale applied first: the
+    reduction can be taken on the weight (X @ rowsum(W) + sum(b), X @ rowsum(W * s))."""
+    m, k, n = rng.choice(MATMUL_SHAPES)
+    op, side = rng.choice(("sum", "mean")), rng.choice(("bias", "scale"))
+    p = Program(f"{op}_of_{'biased' if side == 'bias' else 'scaled'}_matmul_{m}x{k}x{n}_{dtype}")
+    x, w, s = p.input("X", (m, k), dtype), p.input("W", (k, n), dtype), p.input("S", (1, n), dtype)
+    y = p.op("add" if side == "bias" else "mul", p.op("matmul", x, w), s)
+    p.output(p.op(op, y, dim=-1, keepdim=True))
+    return p
+
+
 def _norm_before(rng: random.Random, dtype: str) -> Program:
     m, k, n = rng.choice(MATMUL_SHAPES)
     length = rng.randint(0, 4)
@@ -160,6 +173,7 @@ KINDS: tuple[tuple[str, int, Callable[[random.Random, str], Program]], ...] = (
     ("chain_after", 5, lambda rng, dt: _matmul_chain(rng, dt, before=False)),
     ("chain_before", 2, lambda rng, dt: _matmul_chain(rng, dt, before=True)),
     ("reduction_after", 2, _reduction_after),
+    ("affine_reduction", 1, _affine_reduction),
     ("norm_before", 2, _norm_before),
     ("softmax_after", 1, _softmax_after),
     ("attention", 2, _attention),
