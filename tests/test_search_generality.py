@@ -77,6 +77,24 @@ def test_a_chain_of_any_length_and_order_costs_the_search_no_more_states(h100, b
         assert states[16, seed] <= 2 * states[1, seed] + 20, states
 
 
+@pytest.mark.parametrize("chain", ["sigmoid", "scale and two residuals"])
+def test_a_chain_before_a_row_sum_is_fused(h100, chain):
+    """sum(sigmoid(X) + S): the chain computes sigmoid(X) + S whole, a value the target's normal
+    form lacks (a sum distributes over the + it reads), so every fused schedule was pruned and
+    the unfused one returned (42 and 789 states). The oracle now holds the program's own values."""
+    p = Program(f"rowsum_after_{chain.replace(' ', '_')}")
+    x, s2 = p.input("X", (64, 1024), "f16"), p.input("S2", (64, 1024), "f16")
+    if chain == "sigmoid":
+        y = p.op("add", p.op("sigmoid", x), s2)
+    else:
+        y = p.op("add", p.op("add", p.op("mul", x, 0.5), s2), p.input("S3", (64, 1024), "f16"))
+    p.output(p.op("sum", y, dim=-1, keepdim=True))
+    assert Oracle(p).contains(abstract_program(p)[y.id][0])
+    out = run_search(p, h100, SearchConfig(), budget_s=60)
+    assert not out.stats.budget_exhausted and out.best.verdict.proved
+    assert _fused(out.best.sgraph) and out.stats.states < 200
+
+
 def test_a_chains_inner_values_are_made_by_its_step_alone():
     """A chain's ops (each but the last read only by the next) are one step of the generator; no
     other op, library kernel or block op, makes one of its inner values."""

@@ -336,6 +336,13 @@ class Oracle:
         with dropped_here() as egraph:
             for i, e in enumerate(outputs):
                 egraph.let(f"target{i}", to_egg(e))
+            # The program's own values, as their ops compute them: built in normal form, a sum
+            # distributes over the + it reads, so sum(sigmoid(X) + S) holds no sigmoid(X) + S,
+            # the value an elementwise chain computes whole before that sum.
+            inner = [n for n in program.topological()
+                     if n.op not in ("input", Op.CONST) and n.id not in program.outputs]
+            for k, n in enumerate(inner):
+                egraph.let(f"value{k}", to_egg(values[n.id][0]))
             for form in forms:
                 other = abstract_program(form)
                 if [other[o][1] for o in form.outputs] == [values[o][1] for o in program.outputs] and \
