@@ -199,9 +199,9 @@ def run(program: Program, budget_s: float, check: bool = False, seed: int = 0) -
     if done.returncode != 0:
         return {"error": done.stderr.strip().splitlines()[-1] if done.stderr.strip() else f"exit {done.returncode}"}
     row: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
-    sg = SGraph.from_json(row.pop("sgraph"))
+    winner = row.pop("sgraph")  # not kept in the table's JSON
     if check:
-        outcome = check_winner(program, sg, seed)
+        outcome = check_winner(program, SGraph.from_json(winner), seed)
         row["check"] = outcome if isinstance(outcome, str) else {
             "error": outcome.error, "tolerance": outcome.tolerance, "shapes": outcome.shapes, "ok": outcome.ok}
     return row

@@ -48,7 +48,7 @@ from superopt.assignments import pick_for_checks
 from superopt.build import SGraphBuilder
 from superopt.config import SearchConfig
 from superopt.dimclasses import NO_CLASS, dim_classes
-from superopt.instantiate import instantiate
+from superopt.instantiate import Instance, instantiate
 from superopt.interpreter import run_float
 from superopt.mutations import mutants, rename_readers, with_ops
 from superopt.ops import Op
@@ -524,7 +524,7 @@ def judge(case: Case, prover: Prover) -> Judgement:
 FLOAT64_AGREE = 1e-7  # relative: float64 rounding stays far below; a wrong schedule at random inputs far above
 
 
-def _float64_agrees(program: Program, inst: Any, seed: int) -> bool:
+def _float64_agrees(program: Program, inst: Instance, seed: int) -> bool:
     """Do the program and the instantiated sGraph agree in float64 (no storage rounding) at
     fresh random inputs, where the program is defined?"""
     inputs, want = inputs_and_reference(program, seed)

@@ -32,7 +32,7 @@ from superopt.dtypes import dtype
 from superopt.instantiate import instantiate
 from superopt.ops import Op
 from superopt.program import Program
-from superopt.reference import inputs_and_reference
+from superopt.reference import inputs_and_reference, max_rel_err
 from superopt.sgraph import SGraph
 from superopt.shrink import shrink, shrink_sgraph
 from superopt.targets import TARGETS
@@ -111,13 +111,6 @@ class Check:
         return self.error <= self.tolerance
 
 
-def _normwise(got: np.ndarray, want: np.ndarray) -> float:
-    got = np.asarray(got, dtype=np.float64)
-    if got.shape != want.shape or not np.all(np.isfinite(got)):
-        return math.inf
-    return float(np.max(np.abs(got - want)) / (np.max(np.abs(want)) or 1.0))
-
-
 def check_winner(program: Program, sg: SGraph, seed: int) -> Check | str:
     """Run the winner's CUDA in the CPU harness against `numpy_outputs`: the check, or why it
     could not run (no g++, no instantiation at shapes small enough to emulate)."""
@@ -138,7 +131,7 @@ def check_winner(program: Program, sg: SGraph, seed: int) -> Check | str:
     if not all(np.all(np.isfinite(w)) for w in want):
         return "the program is undefined at every input sign pattern tried"
     got = runner.run(prog, inputs)
-    error = max((_normwise(g, w) for g, w in zip(got, want, strict=True)), default=0.0)
+    error = max((max_rel_err(g, w) for g, w in zip(got, want, strict=True)), default=0.0)
     return Check(error, dtype(program.dtype).tolerance, shapes, params)
 
 

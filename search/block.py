@@ -1020,9 +1020,9 @@ def _scales_into_smaller_operand(program: Program) -> Program | None:
             if m.op != Op.MATMUL or m.id in program.outputs or len(readers.get(m.id, [])) != 1 or \
                     len(m.shape) < 2 or n.shape != m.shape or scale.id == m.id:
                 continue
-            reduced = [r for r in readers.get(n.id, []) if r.op in (Op.SUM, Op.MEAN)]
-            columns_reduced = len(reduced) == len(readers.get(n.id, [])) == 1 and \
-                reduced[0].attrs["dim"] % len(n.shape) == len(n.shape) - 1
+            after = readers.get(n.id, [])
+            columns_reduced = len(after) == 1 and after[0].op in (Op.SUM, Op.MEAN) and \
+                after[0].attrs["dim"] % len(n.shape) == len(n.shape) - 1
             into = _scaled_operand(program, m, scale, columns_reduced)
             if into is not None:
                 moves[n.id] = (m.id, into, scale.id)
