@@ -826,5 +826,11 @@ def _key(sg: SGraph, ranked: list[Ranked]) -> Key:
 
 
 def _why(v: Verdict) -> str:
+    """Why a candidate was not proved: a numeric layer refutes it (a mismatch); the e-graph only
+    stops short of a proof (at a limit, or saturated); no instantiation says so itself."""
     failed = next((layer for layer in v.layers if not layer["passed"]), None)
-    return f"{failed['layer']} refuted it" if failed else v.egraph_reason or "not proved"
+    if failed is None:
+        return v.egraph_reason or "not proved"
+    if failed["layer"] == "egraph":
+        return f"egraph did not prove it ({failed['detail']['reason']})"
+    return failed["detail"] if isinstance(failed["detail"], str) else f"{failed['layer']} refuted it"

@@ -106,7 +106,7 @@ def optimize(
 
 def _check_defined(program: Program) -> None:
     """Refuse at once a program that is not finite in its dtype at the first float check's
-    inputs, of any sign (small shapes, `FLOAT_SEED`): no schedule, the unfused one included,
+    inputs, of any sign or offset (small shapes, `FLOAT_SEED`): no schedule, the unfused one included,
     can pass that check, and a search would spend its whole budget proving nothing."""
     from superopt.reference import undefined_node
     from superopt.shrink import shrink
@@ -115,7 +115,7 @@ def _check_defined(program: Program) -> None:
     node = undefined_node(shrink(program), FLOAT_SEED)
     if node is not None:
         raise NoCandidate(f"{program.name}: node {node.id!r} ({node.op}) is not finite in {node.dtype or 'f32'} "
-                          "at random inputs of any sign, so no schedule can be checked against the program")
+                          "at random inputs of any sign or offset, so no schedule can be checked against the program")
 
 
 def _verified_sgraphs(
@@ -123,6 +123,7 @@ def _verified_sgraphs(
     max_states: int | None, progress: Progress | None, reuse: bool, force: bool, workers: int | None,
     ray_address: str | None,
 ) -> Outcome:
+    from superopt.build import unfused_baseline
     from superopt.search.driver import CONTENDERS, Outcome, Verified, run_search
     from superopt.search.instantiation import rank
     from superopt.search.reuse import SGraphStore
@@ -140,7 +141,10 @@ def _verified_sgraphs(
             stats = SearchStats(symbolic=earlier.get("symbolic", True), reused=True)
             stats.depth = int(earlier.get("depth", 0))
             stats.generic_depth = int(earlier.get("generic_depth", 0))
-            ranked = [(r, sg) for sg in sgraphs if (r := rank(sg, choice.target))]
+            # The baseline is made anew: a kept one that no longer proves (the file edited, say)
+            # would leave the result without one.
+            fresh = [unfused_baseline(program)] + [sg for sg in sgraphs if not sg.name.endswith(".unfused")]
+            ranked = [(r, sg) for sg in fresh if (r := rank(sg, choice.target))]
             ranked.sort(key=lambda x: (x[0][0].estimate.time_s, len(x[1].kernels), x[1].dumps()))
             if _reuse_is_complete(program, choice.target, config, [(sg, r[0].estimate.time_s) for r, sg in ranked],
                                   stats.generic_depth):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
 import sys
 from collections.abc import Callable
 from contextlib import closing
@@ -728,7 +729,7 @@ def serve(
     import uvicorn
 
     from superopt.db.engine import open_database
-    from superopt.service import LOOPBACK_HOSTS, create_app
+    from superopt.service import LOOPBACK_HOSTS, HiddenTokens, create_app
 
     database = open_database(db)
     if not token and host not in ("127.0.0.1", "localhost", "::1"):
@@ -738,6 +739,7 @@ def serve(
     hosts = [*LOOPBACK_HOSTS, *listening, *named]
     service = create_app(database, token=token or None, max_body_bytes=max_body_bytes, allowed_hosts=hosts,
                       body_timeout_s=body_timeout_s)
+    logging.getLogger("uvicorn.access").addFilter(HiddenTokens())
     uvicorn.run(service, host=host, port=port)
 
 

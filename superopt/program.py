@@ -14,7 +14,9 @@ round-trip losslessly; `canonical_hash` is the identity used by the kernel cache
 
 from __future__ import annotations
 
+import json
 import math
+import numbers
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -67,7 +69,7 @@ class Program(JSONDocument):
 
     # -- building ------------------------------------------------------------------------
     def input(self, name: str, shape: Sequence[int], dtype: str = "f16") -> Tensor:
-        return self._add(name, "input", (), {"shape": shape, "dtype": dtype})
+        return self._add(name, "input", (), {"shape": _plain_dims(shape), "dtype": dtype})
 
     def const(self, value: float) -> Tensor:
         return self._add(None, Op.CONST, (), {"value": value})
@@ -129,7 +131,7 @@ class Program(JSONDocument):
             if a.program is not self:
                 raise ProgramError("operand belongs to another program")
             return a.id
-        if isinstance(a, int | float) and not isinstance(a, bool):
+        if isinstance(a, numbers.Real) and not isinstance(a, bool):  # numpy's numbers too
             return self.const(float(a)).id
         raise ProgramError(f"operand must be a tensor or a number, got {type(a).__name__}")
 
@@ -173,7 +175,8 @@ class Program(JSONDocument):
             if o not in self.nodes:
                 raise ProgramError(f"output {o!r} is not a node of the program")
             if self.nodes[o].op in ("input", Op.CONST):
-                raise ProgramError(f"output {o!r} is an {self.nodes[o].op}, not a computed tensor")
+                kind = "an input" if self.nodes[o].op == "input" else "a constant"
+                raise ProgramError(f"output {o!r} is {kind}, not a computed tensor")
         if len(set(self.outputs)) != len(self.outputs):
             raise ProgramError("the same node is listed twice as an output")
         live = self._live()
@@ -303,6 +306,22 @@ def _shape_text(shape: Iterable[int]) -> str:
     return "(" + ", ".join(str(d) for d in shape) + ")"
 
 
+def _plain_dims(shape: Any) -> Any:
+    """A builder's shape given as any sequence of integers (numpy's too) as Python ints, which the
+    checks of `_make_node` take; anything else is left for them to name."""
+    if isinstance(shape, str) or not isinstance(shape, Iterable):
+        return shape
+    return tuple(int(d) if isinstance(d, numbers.Integral) and not isinstance(d, bool) else d for d in shape)
+
+
+def _shown(value: Any) -> str:
+    """A value from a program as its JSON reads (true, null), or as Python shows it otherwise."""
+    try:
+        return json.dumps(value)
+    except (TypeError, ValueError):
+        return repr(value)
+
+
 def _make_node(nid: Any, op: Any, inputs: tuple[str, ...], attrs: dict[str, Any], known: Mapping[str, Node]) -> Node:
     """Check one node against the nodes before it and infer its shape and dtype."""
     _named(nid, "node id")
@@ -317,11 +336,12 @@ def _make_node(nid: Any, op: Any, inputs: tuple[str, ...], attrs: dict[str, Any]
             raise ProgramError(f"{where}: an input takes no operands")
         shape = attrs.get("shape")
         if not isinstance(shape, list | tuple) or not shape:
-            raise ProgramError(f"{where}: 'shape' must be a non-empty list of dimensions, got {shape!r}")
+            raise ProgramError(f"{where}: 'shape' must be a non-empty list of dimensions (a scalar is [1]), "
+                               f"got {_shown(shape)}")
         _check_rank(len(shape), where)
         for d in shape:
             if isinstance(d, bool) or not isinstance(d, int):
-                raise ProgramError(f"{where}: dimension {d!r} is not an integer")
+                raise ProgramError(f"{where}: dimension {_shown(d)} is not an integer")
             if d <= 0:
                 raise ProgramError(f"{where}: dimension {d} is not positive")
         dt = attrs.get("dtype")
@@ -422,7 +442,9 @@ def _load(data: Any) -> Program:
             if e.get("shape") is not None and (not isinstance(e["shape"], list) or e["shape"] != list(node.shape)):
                 raise ProgramError(f"node {nid!r}: declared shape {e['shape']} but the op gives {list(node.shape)}")
             if e.get("dtype") is not None and e["dtype"] != node.dtype:
-                raise ProgramError(f"node {nid!r}: declared dtype {e['dtype']!r} but the op gives {node.dtype!r}")
+                gives = repr(node.dtype) if node.dtype is not None else \
+                    "none (a constant takes the dtype of the tensor it meets)" if node.op == Op.CONST else "none"
+                raise ProgramError(f"node {nid!r}: declared dtype {e['dtype']!r} but the op gives {gives}")
         p.nodes[nid] = node
     outs = data.get("outputs")
     if not isinstance(outs, list) or not all(isinstance(o, str) for o in outs):

@@ -18,6 +18,7 @@ from superopt.primitives import ArrayAlgebra, apply
 from superopt.program import Node, Program
 
 SIGN_PATTERNS = 16  # sign patterns of the inputs tried where signed ones leave a program undefined: all of four inputs
+OFFSETS = (0.0, 1.0, 8.0)  # added to the inputs' magnitudes, in turn, where no sign pattern defines the program
 
 
 class FloatAlgebra(ArrayAlgebra[np.ndarray]):
@@ -166,7 +167,8 @@ def inputs_and_reference(program: Program, seed: int) -> tuple[dict[str, np.ndar
     at signed inputs (a square root of an input) or overflows its dtype there (a division by a
     row sum of signed values near zero, then exp), each input is given one sign (its magnitudes
     still random, never zero): all positive first, then the other patterns, up to
-    `SIGN_PATTERNS`, until one defines the program (the square root of -X @ W wants X negative).
+    `SIGN_PATTERNS`, until one defines the program (the square root of -X @ W wants X negative);
+    then the same with each magnitude raised by an offset (`OFFSETS`: sqrt(X - 1) wants X > 1).
     No comparison with a NaN reference means anything, and no computation in the dtype can
     match values it cannot hold, the unfused program's included."""
     inputs, values = _defined_inputs(program, seed)
@@ -174,9 +176,9 @@ def inputs_and_reference(program: Program, seed: int) -> tuple[dict[str, np.ndar
 
 
 def undefined_node(program: Program, seed: int = 0) -> Node | None:
-    """The first node whose value is not finite in its dtype at every input sign pattern that
-    `inputs_and_reference` tries (None: the program is defined there). No float check of any
-    schedule can pass against such a program."""
+    """The first node whose value is not finite in its dtype at every input sign pattern and
+    offset that `inputs_and_reference` tries (None: the program is defined there). No float
+    check of any schedule can pass against such a program."""
     return _unfit(program, _defined_inputs(program, seed)[1])
 
 
@@ -187,12 +189,14 @@ def _defined_inputs(program: Program, seed: int) -> tuple[dict[str, np.ndarray],
     if _unfit(program, values) is None:
         return signed, values
     first: tuple[dict[str, np.ndarray], dict[str, np.ndarray]] | None = None
-    for signs in islice(product((1.0, -1.0), repeat=len(signed)), SIGN_PATTERNS):
-        inputs = {name: sign * np.abs(x) for (name, x), sign in zip(signed.items(), signs, strict=True)}
-        values = _node_values(program, inputs)
-        if _unfit(program, values) is None:
-            return inputs, values
-        first = first or (inputs, values)
+    for offset in OFFSETS:
+        for signs in islice(product((1.0, -1.0), repeat=len(signed)), SIGN_PATTERNS):
+            inputs = {name: dtype(program.nodes[name].dtype or "f32").round(sign * (np.abs(x) + offset))
+                      for (name, x), sign in zip(signed.items(), signs, strict=True)}
+            values = _node_values(program, inputs)
+            if _unfit(program, values) is None:
+                return inputs, values
+            first = first or (inputs, values)
     assert first is not None
     return first  # all positive: the float layer will say why
 

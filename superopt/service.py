@@ -29,6 +29,7 @@ route that needs it answers 503 with Retry-After, and the health checks say so.
 # name objects local to create_app.
 import asyncio
 import logging
+import re
 import secrets
 from collections.abc import Collection, Mapping
 from typing import Annotated, Any
@@ -62,6 +63,17 @@ IDEMPOTENCY_KEY = r"^[!-~]{1,200}$"  # visible ASCII: a UUID, a hash, a client's
 DEFAULT_PAGE, MAX_PAGE = 50, 200  # cached winners per page of GET /cache: by default, and at most
 PRINTABLE = r"^[ -~]+$"  # ASCII text: what target names and fingerprints are made of (no NUL: PostgreSQL refuses it)
 log = logging.getLogger("superopt.service")
+TOKEN_IN_QUERY = re.compile(r"([?&]token=)[^&#]*")
+
+
+class HiddenTokens(logging.Filter):
+    """The access log without the token a dashboard sign-in carries in its address (`/?token=`):
+    uvicorn logs each request's path with its query."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if isinstance(record.args, tuple):
+            record.args = tuple(TOKEN_IN_QUERY.sub(r"\1***", a) if isinstance(a, str) else a for a in record.args)
+        return True
 
 
 class ErrorBody(BaseModel):
@@ -248,6 +260,9 @@ def create_app(
         problem = json_problem(e.__cause__) if e.__cause__ is not None else None
         if e.status_code == 400 and problem is not None:
             return _answer(422, "body", f"body: {problem}")
+        if e.status_code in (404, 405):  # no such route, or not this method: the error body every route has
+            what = "path" if e.status_code == 404 else "method"
+            return _answer(e.status_code, what, f"{what}: {str(e.detail).lower()}", e.headers)
         return await http_exception_handler(request, e)
 
     @app.exception_handler(RequestError)

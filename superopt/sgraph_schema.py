@@ -9,12 +9,18 @@ to check, on the dataclasses built from these models.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PlainValidator, ValidationError
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PlainValidator, ValidationError
+
+from superopt.limits import MAX_NAME_LENGTH, NAME_PATTERN, name_problem, shown
 
 KERNEL_KINDS = ("library", "graph")
+# An sGraph's own name is its program's and what made it (`.searched`, `.unfused`, `.part`).
+SGRAPH_NAME_LENGTH = MAX_NAME_LENGTH + 16
+CANONICAL_NAME = re.compile(r"\$[0-9]{1,9}")
 
 
 def _size(v: object) -> int | str:
@@ -23,7 +29,31 @@ def _size(v: object) -> int | str:
     return v
 
 
+def _name(v: str) -> str:
+    """Tensor, kernel, block tensor and axis names keep to the program names' grammar: they reach
+    terminals, database rows and comments in generated code, as program names do. A stored kernel
+    names the program's tensors by their canonical places (`$0`: `superopt.db.canonical_names`)."""
+    if not CANONICAL_NAME.fullmatch(v) and (problem := name_problem(v)) is not None:
+        raise ValueError(f"not a valid name: {problem}")
+    return v
+
+
+def sgraph_name_problem(name: str) -> str | None:
+    """Why `name` is not a valid sGraph name (None when it is): a program name and a suffix."""
+    if len(name) > SGRAPH_NAME_LENGTH or not NAME_PATTERN.fullmatch(name):
+        return (f"a program name (1 to {MAX_NAME_LENGTH} characters from A-Z a-z 0-9 _ . : -, starting with a "
+                f"letter or _) and a suffix, at most {SGRAPH_NAME_LENGTH} characters")
+    return None
+
+
+def _sgraph_name(v: str) -> str:
+    if (problem := sgraph_name_problem(v)) is not None:
+        raise ValueError(f"not a valid sGraph name: {problem}")
+    return v
+
+
 Text = Annotated[str, Field(min_length=1)]
+Name = Annotated[str, AfterValidator(_name)]
 SizeJSON = Annotated[int | str, PlainValidator(_size)]
 
 
@@ -34,55 +64,55 @@ class _Strict(BaseModel):
 
 
 class TensorJSON(_Strict):
-    id: Text
+    id: Name
     shape: list[int]
     dtype: Text
 
 
 class AxisJSON(_Strict):
-    name: Text
+    name: Name
     size: SizeJSON
 
 
 class BlockInputJSON(_Strict):
-    id: Text
-    tensor: Text
+    id: Name
+    tensor: Name
     imap: list[int | None]
     fmap: int | None = None
 
 
 class BlockOpJSON(_Strict):
-    id: Text
+    id: Name
     op: Text
-    inputs: list[Text]
+    inputs: list[Name]
     attrs: dict[str, Any] = {}
 
 
 class AccumulatorJSON(_Strict):
-    id: Text
-    source: Text
+    id: Name
+    source: Name
     kind: Text
     dim: int | None = None
 
 
 class BlockOutputJSON(_Strict):
-    source: Text
-    tensor: Text
+    source: Name
+    tensor: Name
     omap: list[int]
 
 
 class LibraryKernelJSON(_Strict):
     kind: Literal["library"]
-    id: Text
+    id: Name
     op: Text
-    inputs: list[Text]
+    inputs: list[Name]
     attrs: dict[str, Any] = {}
-    output: Text
+    output: Name
 
 
 class GraphKernelJSON(_Strict):
     kind: Literal["graph"]
-    id: Text
+    id: Name
     grid: list[AxisJSON]
     loop: AxisJSON
     inputs: list[BlockInputJSON]
@@ -94,10 +124,10 @@ class GraphKernelJSON(_Strict):
 
 class SGraphJSON(_Strict):
     schema_id: str = Field(alias="schema")  # its value is read first, to tell a version from a mistake
-    name: Text = "sgraph"
+    name: Annotated[str, AfterValidator(_sgraph_name)] = "sgraph"
     inputs: list[TensorJSON]
     kernels: list[Annotated[LibraryKernelJSON | GraphKernelJSON, Field(discriminator="kind")]]
-    outputs: list[Text]
+    outputs: list[Name]
 
 
 def structure_error(e: ValidationError) -> str:
@@ -115,7 +145,7 @@ def structure_error(e: ValidationError) -> str:
     if err["type"] in ("model_type", "model_attributes_type", "dict_type"):  # pydantic's words name the model
         return f"{_place(path)}: input should be an object, got {err['input']!r}"
     msg = str(err["msg"]).removeprefix("Value error, ")
-    return f"{_place(path)}: {msg[:1].lower()}{msg[1:]}, got {err['input']!r}"
+    return f"{_place(path)}: {msg[:1].lower()}{msg[1:]}, got {shown(err['input'])}"
 
 
 def _path(loc: Sequence[int | str]) -> list[int | str]:

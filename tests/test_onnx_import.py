@@ -15,6 +15,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 from typer.testing import CliRunner
 
+from superopt import workloads
 from superopt.cli import app
 from superopt.frontends.builder import UnsupportedOp
 from superopt.frontends.onnx_import import import_onnx
@@ -108,6 +109,23 @@ def test_cli_import_and_optimize_an_onnx_file(tmp_path, monkeypatch):
     onnx.save(mlp_model("Tanh"), tmp_path / "tanh.onnx")
     res = runner.invoke(app, ["import", str(tmp_path / "tanh.onnx")])
     assert res.exit_code == 2 and "unsupported op Tanh at" in res.output and "node 'last'" in res.output
+
+
+@pytest.mark.parametrize(("name", "text", "why"), [
+    ("program.json", None, 'has no field named "schema"'),  # a superopt program, not a model
+    ("bad.json", '{"irVersion": "x"}', "Failed to parse irVersion field"),
+    ("bad.textproto", "ir_version: x", "ir_version"),
+    ("empty.json", "{}", "its graph has no outputs"),
+])
+def test_a_file_onnx_reads_as_text_that_is_no_model_is_one_error(tmp_path, name, text, why):
+    """onnx reads .json and .textproto files with protobuf's text parsers, whose errors are their
+    own: `superopt import` printed a traceback (exit 1) for them, and "program 'm' has no output"
+    for an empty model. Now one line naming the file, exit 2."""
+    path = tmp_path / name
+    path.write_text(text if text is not None else workloads.resolve("rmsnorm_matmul:ci").dumps())
+    res = CliRunner().invoke(app, ["import", str(path)])
+    assert res.exit_code == 2 and res.output.count("\n") == 1, res.output
+    assert res.output.startswith(f"error: {path}: not a readable ONNX model: ") and why in res.output, res.output
 
 
 # -- models exported from PyTorch ----------------------------------------------------------------

@@ -65,7 +65,10 @@ INVALID = [
     ("zero dim", lambda d: _node(d, "X").update(shape=[4, 0]), "node 'X' (input): dimension 0 is not positive"),
     ("negative dim", lambda d: _node(d, "X").update(shape=[-4, 8]), "node 'X' (input): dimension -4 is not positive"),
     ("float dim", lambda d: _node(d, "X").update(shape=[4.5, 8]), "node 'X' (input): dimension 4.5 is not an integer"),
-    ("bool dim", lambda d: _node(d, "X").update(shape=[True, 8]), "node 'X' (input): dimension True is not an integer"),
+    ("bool dim", lambda d: _node(d, "X").update(shape=[True, 8]), "node 'X' (input): dimension true is not an integer"),
+    ("scalar input", lambda d: _node(d, "X").update(shape=[]), "node 'X' (input): 'shape' must be a non-empty list of dimensions (a scalar is [1]), got []"),
+    ("const as output", lambda d: d["nodes"].append({"id": "C", "op": "const", "attrs": {"value": 2.0}}) or d["outputs"].append("C"), "output 'C' is a constant, not a computed tensor"),
+    ("const with a dtype", lambda d: d["nodes"].insert(3, {"id": "C", "op": "const", "attrs": {"value": 2.0}, "dtype": "f16"}), "node 'C': declared dtype 'f16' but the op gives none (a constant takes the dtype of the tensor it meets)"),
     ("unknown dtype", lambda d: _node(d, "X").update(dtype="f8"), "node 'X' (input): unknown dtype 'f8'"),
     ("mixed dtypes", lambda d: _node(d, "W").update(dtype="f32"), "node 'Y' (matmul): operands have different dtypes"),
     ("dangling operand", lambda d: _node(d, "E").update(inputs=["nope"]), "node 'E' (exp): operand 'nope' is not defined"),
@@ -113,6 +116,24 @@ def test_invalid_program_is_rejected_with_named_problem(case, mutate, message):
     with pytest.raises(ProgramError) as e:
         Program.from_json(json.loads(json.dumps(data)) if case != "non-finite const" else data)
     assert message in str(e.value), str(e.value)
+
+
+def test_the_builder_takes_numpy_numbers_as_python_ones():
+    """Shapes and constants written with numpy (np.int64 dims, an array of them, np.float32
+    scales) were refused ("operand must be a tensor or a number, got float32"): the builder
+    takes any integer and any real number, and the program is the one written with Python's."""
+    import numpy as np
+
+    def build(dim, shape, scale) -> Program:
+        p = Program("scaled")
+        x = p.input("X", (dim, 8), "f32")
+        p.output(p.op("add", x * scale, p.input("B", shape, "f32"), name="O"))
+        return p
+
+    plain = build(4, (4, 8), 0.5)
+    assert build(np.int64(4), np.array([4, 8]), np.float32(0.5)).dumps() == plain.dumps()
+    with pytest.raises(ProgramError, match="operand must be a tensor or a number, got bool"):
+        Program("b").input("X", (4,), "f32") * np.bool_(True)
 
 
 def test_invalid_json_text():

@@ -68,3 +68,27 @@ def test_what_another_search_space_stored_is_a_miss(tmp_path, monkeypatch):
     assert store.load(program, SearchConfig()) is None  # a larger space may find better: search again
     monkeypatch.undo()
     assert store.load(program, SearchConfig()) is not None
+
+
+def test_a_kept_baseline_that_no_longer_proves_is_made_anew(tmp_path, monkeypatch):
+    """The kept file of a searched program, its unfused baseline edited (an rms_norm's eps): the
+    reuse proved the kept fused schedules but not the baseline, and optimize failed with "not even
+    the unfused baseline could be verified". The baseline is now made from the program; the edited
+    schedule is refused by its re-proof and never returned."""
+    from superopt.api import optimize
+    from superopt.build import unfused_baseline
+
+    monkeypatch.setenv("SUPEROPT_CACHE_DIR", str(tmp_path))
+    program = workloads.resolve("rmsnorm_matmul:ci")
+    first = optimize(program, target="h100", cache=False)
+    store = SGraphStore()
+    sgraphs, stats = store.load(program, SearchConfig())
+    assert any(sg.name.endswith(".unfused") for sg in sgraphs)
+    forged = [SGraph.loads(sg.dumps().replace('"eps": 1e-06', '"eps": 0.5')) if sg.name.endswith(".unfused") else sg
+              for sg in sgraphs]
+    assert [sg.dumps() for sg in forged] != [sg.dumps() for sg in sgraphs]
+    store.save(program, SearchConfig(), forged, stats)
+    again = optimize(program, target="h100", cache=False)
+    assert again.search.reused and again.baseline.verdict.proved
+    assert again.baseline.sgraph.dumps() == unfused_baseline(program).dumps()
+    assert again.best.sgraph.dumps() == first.best.sgraph.dumps() and again.best.verdict.proved

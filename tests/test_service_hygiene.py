@@ -132,6 +132,42 @@ def test_the_docs_need_the_token_when_one_is_set(tmp_path):
     db.close()
 
 
+def test_an_unknown_route_and_a_wrong_method_answer_the_error_body_of_every_route(tmp_path):
+    """404 and 405 answered {"detail": "Not Found"} alone, where http.md promises every error
+    a `field` too; 405 still says which methods the route takes."""
+    db = open_database(str(tmp_path / "superopt.db"))
+    client = TestClient(create_app(db), base_url=LOOPBACK)
+    missing, wrong = client.get("/nope"), client.delete("/health")
+    assert (missing.status_code, missing.json()) == (404, {"detail": "path: not found", "field": "path"})
+    assert (wrong.status_code, wrong.json()) == (405, {"detail": "method: method not allowed", "field": "method"})
+    assert wrong.headers["allow"] == "GET"
+    db.close()
+
+
+def test_the_access_log_hides_the_sign_in_token(tmp_path):
+    """The dashboard's sign-in link carries the token in its address (`/?token=`), which uvicorn's
+    access log wrote out whole. `serve` filters that logger; uvicorn's own logging setup, made
+    when it starts, keeps the filter."""
+    import logging
+
+    import uvicorn
+
+    from superopt.service import HiddenTokens
+
+    access = logging.getLogger("uvicorn.access")
+    hidden = HiddenTokens()
+    access.addFilter(hidden)
+    try:
+        uvicorn.Config(create_app(open_database(str(tmp_path / "superopt.db"))))  # configures uvicorn's loggers
+        assert hidden in access.filters
+        record = logging.LogRecord("uvicorn.access", logging.INFO, __file__, 1, '%s - "%s %s HTTP/%s" %d',
+                                   ("127.0.0.1:5", "GET", "/jobs/3?x=1&token=s3cret&y=2", "1.1", 303), None)
+        assert hidden.filter(record) and "s3cret" not in record.getMessage()
+        assert record.getMessage() == '127.0.0.1:5 - "GET /jobs/3?x=1&token=***&y=2 HTTP/1.1" 303'
+    finally:
+        access.removeFilter(hidden)
+
+
 # -- the Host allow-list -------------------------------------------------------------------------
 
 

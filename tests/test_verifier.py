@@ -21,12 +21,12 @@ from superopt.instantiate import instantiate
 from superopt.interpreter import run_float
 from superopt.mutations import mutants
 from superopt.reference import evaluate, max_rel_err, random_inputs, undefined_node
-from superopt.search.driver import run_search
+from superopt.search.driver import _why, run_search
 from superopt.sgraph import SGraph, input_decls, rebind
 from superopt.targets import TARGETS
 from superopt.verifier import constraints, finite_field
 from superopt.verifier import terms as t
-from superopt.verifier.egraph import prove
+from superopt.verifier.egraph import Limits, prove
 from superopt.verifier.lowering import lower_program, lower_sgraph
 from superopt.verifier.oracle import C, Oracle, abstract_program, abstract_sgraph, constants_of, mk
 from superopt.verifier.rules import RULES, permutation_rules
@@ -926,6 +926,26 @@ def test_a_program_defined_only_at_negative_inputs_is_checked_at_them(tmp_path, 
         optimize(hot, target="h100", cache=False, reuse=False)
 
 
+def test_a_program_defined_only_beyond_an_offset_is_checked_there(tmp_path, monkeypatch):
+    """sqrt(X - 1) is undefined wherever an input lies below 1, whatever its sign: it was refused
+    before any search. Where no sign pattern defines a program, the magnitudes are raised by an
+    offset in turn (`OFFSETS`); the inputs are then at least 1, still random, and the schedule is
+    proved and checked against the float64 reference there."""
+    from superopt.api import optimize
+    from superopt.reference import OFFSETS, inputs_and_reference
+
+    p = Program("shifted_root")
+    x = p.input("X", (8, 16), "f32")
+    p.output(p.sqrt(p.op("mul", x - 1.0, 0.5)))
+    assert undefined_node(p) is None
+    inputs, refs = inputs_and_reference(p, 3)
+    raised = np.abs(random_inputs(p, 3)["X"]) + OFFSETS[1]
+    assert np.array_equal(inputs["X"], raised.astype(np.float32)) and np.isfinite(refs[0]).all()
+    monkeypatch.setenv("SUPEROPT_CACHE_DIR", str(tmp_path))
+    best = optimize(p, target="h100", cache=False, reuse=False).report()["best"]
+    assert best["kernels"] == 1 and best["verdict"]["proved"]
+
+
 # -- constraints ---------------------------------------------------------------------------------------
 
 
@@ -1201,3 +1221,41 @@ def test_identical_terms_are_proved_without_an_e_graph():
     same, swapped = seen["same"], seen["swapped"]
     assert same.proved and (same.iterations, same.enodes) == (0, 0) and seen["kept"] is None
     assert swapped.proved and swapped.iterations >= 1 and swapped.enodes > 0
+
+
+def test_a_chain_deeper_than_the_round_limit_is_proved_and_its_mutants_are_not(h100):
+    """A rule rewrites what the e-graph held when its round began, so moving a tile map through
+    a chain takes a round per op: 20 steps of sigmoid(x * 1.1 + 0.1) (60 ops) took more rounds
+    than `Limits().iterations`, and the fused kernel was returned unfused ("iteration limit").
+    The rounds now grow with the deepest side; the chain's wrong variants are still refused."""
+    p = Program("chain20")
+    x = p.input("A", (8, 16), "f32")
+    for _ in range(20):
+        x = p.sigmoid(x * 1.1 + 0.1)
+    p.output(x)
+    out = run_search(p, h100, SearchConfig(), budget_s=60)
+    sg = out.best.sgraph
+    assert len(sg.kernels) == 1 and out.best.verdict.proved
+    assert out.best.verdict.egraph_stats["iterations"] > Limits().iterations
+    lhs = lower_program(p)
+    inputs = random_inputs(p, 5)
+    want = evaluate(p, inputs)[0]
+    wrong = 0
+    for what, m in mutants(sg, p):
+        checks = pick_for_checks(m, h100, 2)
+        if not checks or all(max_rel_err(run_float(instantiate(m, v, h100), inputs)[0], want) <= 1e-3 for v in checks):
+            continue
+        wrong += 1
+        rhs, axes = lower_sgraph(m, p)
+        assert not prove(list(zip(lhs, rhs, strict=True)), axes).proved, what
+    assert wrong >= 5, wrong
+
+
+def test_a_candidate_the_egraph_stops_short_on_is_not_called_refuted(h100):
+    """The reason a search records for a candidate it did not prove: a numeric layer refutes; the
+    e-graph only stops (here at a limit of 0 nodes), which is no evidence against it."""
+    program, ref = workloads.reference_for("rmsnorm_matmul:ci")
+    stopped = verify(program, ref, target=h100, limits=Limits(nodes=0))
+    assert not stopped.proved and _why(stopped) == "egraph did not prove it (node limit)"
+    what, m = next((w, m) for w, m in mutants(ref, program) if not verify(program, m, target=h100).proved)
+    assert _why(verify(program, m, target=h100)).endswith("refuted it"), what

@@ -225,9 +225,17 @@ ANALYSIS = _analysis_rules()
 
 @dataclass
 class Limits:
+    """How far one proof may go. A rule rewrites what the e-graph held when its round began, so a
+    rewrite needed at every level of a term (a tile map pushed through a chain of 40 ops) takes a
+    round per level: the rounds allowed are at least the deepest side's depth plus `DEPTH_ROUNDS`
+    (`_prove_pairs`), whatever `iterations` says. The node and time limits hold the work."""
+
     iterations: int = 40
     nodes: int = 60_000
     seconds: float = 20.0
+
+
+DEPTH_ROUNDS = 8  # rounds beyond the deepest side's depth (the rules after the level-by-level ones)
 
 
 @dataclass
@@ -332,9 +340,23 @@ def _prove_pairs(pairs: Sequence[tuple[Term, Term]], axes: Sequence[str], limits
     if getattr(_kept, "prover", None) is None or _kept.prover.proofs >= KEPT_PROOFS:
         _kept.prover = _Kept()  # the one before goes here, on its own thread
     _kept.prover.proofs += 1
-    rewrites = _rewrites(_perms([side for pair in pairs for side in pair]))
+    sides = [side for pair in pairs for side in pair]
+    rounds = max(limits.iterations, max(map(_depth, sides)) + DEPTH_ROUNDS)
+    rewrites = _rewrites(_perms(sides))
     with _kept.prover.pushed([ANALYSIS, rewrites]) as egraph:
-        return _prove(egraph, pairs, axes, rewrites, limits)
+        return _prove(egraph, pairs, axes, rewrites, replace(limits, iterations=rounds))
+
+
+def _depth(term: Term) -> int:
+    """Levels from the term's root to its deepest leaf (a shared subterm measured once)."""
+    depths: dict[int, int] = {}
+
+    def walk(t: Term) -> int:
+        if (d := depths.get(id(t))) is None:
+            d = depths[id(t)] = 1 + max(map(walk, t.children), default=0) if isinstance(t, Node) else 1
+        return d
+
+    return walk(term)
 
 
 def _prove(egraph: EGraph, pairs: Sequence[tuple[Term, Term]], axes: Sequence[str], rewrites: Any,

@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 import onnx
+from google.protobuf import json_format, text_format
 from google.protobuf.message import DecodeError
 from onnx import numpy_helper
 
@@ -50,10 +51,12 @@ def import_onnx(model: str | Path | onnx.ModelProto, name: str | None = None) ->
     if isinstance(model, onnx.ModelProto):
         return OnnxImporter(model, name or model.graph.name or "onnx_model", "").run()
     path = Path(model)
-    try:
+    try:  # onnx reads a .json or .textproto file as text: its parsers raise errors of their own
         proto = onnx.load(str(path))
-    except (OSError, DecodeError, ValueError) as e:
-        raise ProgramError(f"{path}: not a readable ONNX model: {e}") from None
+    except (OSError, DecodeError, ValueError, json_format.Error, text_format.Error) as e:
+        raise ProgramError(f"{path}: not a readable ONNX model: {str(e).splitlines()[0]}") from None
+    if not proto.graph.output:
+        raise ProgramError(f"{path}: not a readable ONNX model: its graph has no outputs")
     try:
         return OnnxImporter(proto, name or path.stem, str(path)).run()
     except UnsupportedOp:
