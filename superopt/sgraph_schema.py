@@ -15,7 +15,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PlainValidator, ValidationError
 
-from superopt.limits import MAX_NAME_LENGTH, NAME_PATTERN, name_problem, shown
+from superopt.limits import MAX_NAME_LENGTH, NAME_PATTERN, NAME_RULE, name_problem, shown
 
 KERNEL_KINDS = ("library", "graph")
 # An sGraph's own name is its program's and what made it (`.searched`, `.unfused`, `.part`).
@@ -41,8 +41,7 @@ def _name(v: str) -> str:
 def sgraph_name_problem(name: str) -> str | None:
     """Why `name` is not a valid sGraph name (None when it is): a program name and a suffix."""
     if len(name) > SGRAPH_NAME_LENGTH or not NAME_PATTERN.fullmatch(name):
-        return (f"a program name (1 to {MAX_NAME_LENGTH} characters from A-Z a-z 0-9 _ . : -, starting with a "
-                f"letter or _) and a suffix, at most {SGRAPH_NAME_LENGTH} characters")
+        return f"{NAME_RULE}, with a suffix of its own: at most {SGRAPH_NAME_LENGTH} characters in all"
     return None
 
 
