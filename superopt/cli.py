@@ -10,6 +10,7 @@ import functools
 import json
 import logging
 import sys
+import warnings
 from collections.abc import Callable
 from contextlib import closing
 from pathlib import Path
@@ -40,7 +41,7 @@ from superopt.config import (
     bound,
 )
 from superopt.core.errors import ClusterUnreachable
-from superopt.db.errors import RequestError, StoreError
+from superopt.db.errors import CacheIntegrityWarning, RequestError, StoreError
 from superopt.instantiate import InstantiationError, instantiate, parse_params
 from superopt.limits import LimitConfigError
 from superopt.loading import LoadError, kind_of, load_program, load_sgraph, read_json
@@ -885,7 +886,22 @@ def _tolerance(program: Program) -> float:
     return dtype(program.dtype).tolerance
 
 
+def _one_line_warnings() -> None:
+    """Print superopt's own warnings (a cache row refused: `CacheIntegrityWarning`) as one
+    `warning:` line on stderr, as errors are printed, not Python's file, line and source text."""
+    shown = warnings.showwarning
+
+    def show(message: Warning | str, category: type[Warning], *args: Any, **kwargs: Any) -> None:
+        if issubclass(category, CacheIntegrityWarning):
+            print(f"warning: {message}", file=sys.stderr)
+        else:
+            shown(message, category, *args, **kwargs)
+
+    warnings.showwarning = show
+
+
 def main() -> None:
+    _one_line_warnings()
     app()
 
 

@@ -35,10 +35,12 @@ from collections.abc import Collection, Mapping
 from typing import Annotated, Any
 
 from fastapi import Depends, FastAPI, Header, Query, Request
+from fastapi.dependencies.models import Dependant
 from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import HTTPException, RequestValidationError
 from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html
 from fastapi.responses import HTMLResponse, JSONResponse
+from fastapi.routing import APIRoute
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel, Field
 from sqlalchemy.exc import InterfaceError, OperationalError, SQLAlchemyError
@@ -223,6 +225,26 @@ class HostAllowList:
         await self.app(scope, receive, send)
 
 
+def _query_names(dependant: Dependant) -> set[str]:
+    """The query parameters a route takes, its dependencies' included."""
+    return {p.alias for p in dependant.query_params}.union(*map(_query_names, dependant.dependencies))
+
+
+def known_parameters(request: Request) -> None:
+    """Refuse a query parameter the route does not take: `GET /cache?hsah=...` would otherwise
+    list every winner as if no filter had been asked for."""
+    route = request.scope.get("route")
+    if not isinstance(route, APIRoute):
+        return
+    taken = _query_names(route.dependant)
+    for name in request.query_params:
+        if name not in taken:
+            expected = f"one of {', '.join(sorted(taken))}" if taken else "none"
+            if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]{0,63}", name):
+                raise ApiError(422, name, f"unknown query parameter (this route takes {expected})")
+            raise ApiError(422, "query", f"unknown parameter {shown(name)} (this route takes {expected})")
+
+
 def create_app(
     db: Database, *, token: str | None = None, max_body_bytes: int = MAX_BODY_BYTES,
     allowed_hosts: Collection[str] = LOOPBACK_HOSTS, body_timeout_s: float = BODY_TIMEOUT_S,
@@ -296,7 +318,7 @@ def create_app(
             return False
         return True
 
-    guarded = [Depends(authorized)]
+    guarded = [Depends(authorized), Depends(known_parameters)]
 
     @app.get("/health", summary="Version and database status", response_model=Health, responses={
         **errors(421), 503: {"model": Health, "description": "the database is unreachable; Retry-After says when to "

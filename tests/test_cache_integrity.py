@@ -17,7 +17,7 @@ import warnings
 
 import pytest
 from alembic import command
-from db_fixtures import BACKENDS, database_url, resign, standin_result
+from db_fixtures import BACKENDS, cli_env, database_url, resign, standin_result, superopt_process
 from sqlalchemy import select, update
 from typer.testing import CliRunner
 
@@ -157,6 +157,19 @@ def test_a_kernel_is_proved_again_once_per_row_and_mac(db, monkeypatch):
     resign(db)  # the same content signed again with the same key: the same MAC, no second proof
     clean(cache, program)
     assert len(proofs) == 1
+
+
+def test_the_command_line_says_a_refused_row_in_one_warning_line(db, url):
+    """`superopt cache ls` over a forged winner: one `warning:` line naming the row on stderr,
+    not Python's warning with its file, line and source text."""
+    _, program, summary = stored(db)
+    with db.write() as s:
+        s.execute(EDITS["winner time"](summary))
+    listing = superopt_process(["cache", "ls", "--db", url], cli_env(url))
+    out, err = listing.communicate(timeout=120)
+    assert listing.returncode == 0 and out.strip() == "the cache holds no winner", (out, err)
+    assert err.splitlines() == [f"warning: kernel cache entry 1 (rmsnorm_matmul:ci, {program.canonical_hash()[:12]}, h100): "
+                                "winner row 1 fails its MAC (edited, or signed with another key); not listed"], err
 
 
 def test_cache_verify_lists_the_bad_rows(db, url):

@@ -145,6 +145,10 @@ BAD = [
     ("kernel id past 64 bits", "GET", "/kernels/99999999999999999999", {}, 404, "id", "no kernel 99999999999999999999"),
     ("states past any budget", "POST", "/jobs", {"json": {"program": "gqa:ci", "max_states": 2**63}}, 422, "max_states", "less than or equal to"),
     ("dtype a list", "POST", "/jobs", {"json": {"program": _program_with(dtype=["f16"])}}, 422, "program", "unknown dtype ['f16']"),
+    ("cache misspelt filter", "GET", "/cache", {"params": {"hsah": "abcdef"}}, 422, "hsah", "unknown query parameter (this route takes one of hash, limit, offset, program, target)"),
+    ("job a query parameter", "GET", "/jobs/1", {"params": {"verbose": "1"}}, 422, "verbose", "takes none"),
+    ("cache hostile parameter", "GET", "/cache", {"params": {"\x1b[2J": "1"}}, 422, "query", "unknown parameter '\\x1b[2J'"),
+    ("submit a query parameter", "POST", "/jobs?force=1", {"json": {"program": "gqa:ci"}}, 422, "force", "unknown query parameter"),
 ]
 
 
