@@ -10,11 +10,12 @@ Per kernel: time = launch overhead + max(DRAM time, compute time, loop-latency t
   WMMA takes) and the FP32 peak otherwise.
 - Occupancy: DRAM bandwidth needs bandwidth x latency bytes in flight. Each resident block keeps
   at most `IN_FLIGHT_PER_BLOCK` bytes of its per-iteration tile loads in flight (its threads'
-  outstanding loads), and an SM holds as many blocks as shared memory and threads allow, so few
-  blocks, small tiles or blocks too large for more than one per SM scale the achieved bandwidth
-  down; fewer blocks than SMs scale compute down. Every loop iteration of a
-  block costs about `ITERATION_LATENCY_S` (a tile load round trip and barriers), overlapped across
-  the blocks resident on an SM (as many as shared memory and threads allow).
+  outstanding loads; whole sectors, which a narrow row's load keeps busy too), and an SM holds
+  as many blocks as shared memory and threads allow, so few blocks, small tiles or blocks too
+  large for more than one per SM scale the achieved bandwidth down; fewer blocks than SMs scale
+  compute down. Every loop iteration of a block costs about `ITERATION_LATENCY_S` (a tile load
+  round trip and barriers), overlapped across the blocks resident on an SM (as many as shared
+  memory and threads allow).
 The physical floor of a program is its inputs read once plus outputs written once over bandwidth,
 or its FLOPs over the tensor peak, whichever is larger.
 
@@ -186,14 +187,15 @@ def _graph(inst: Instance, k: GraphKernel) -> _Costs:
     nbytes = get_dtype(dt).nbytes
     dram_eff: Any = 0.0
     dram: Any = 0
-    per_iteration: Any = 0  # bytes a block loads in each loop iteration
+    per_iteration: Any = 0  # DRAM bytes (whole sectors) a block loads in each loop iteration
     for inp in b.inputs:
         tile = inst.tile(k.id, inp.id)
         reads = blocks * loop if inp.fmap is not None else blocks
         loaded = math.prod(tile) * nbytes
+        moved = loaded / _read_efficiency(inst, inp.tensor, tile, nbytes)
         dram = dram + reads * loaded
-        dram_eff = dram_eff + reads * loaded / _read_efficiency(inst, inp.tensor, tile, nbytes)
-        per_iteration = per_iteration + (loaded if inp.fmap is not None else np.where(loop == 1, loaded, 0))
+        dram_eff = dram_eff + reads * moved
+        per_iteration = per_iteration + (moved if inp.fmap is not None else np.where(loop == 1, moved, 0))
     for o in b.outputs:
         moved = math.prod(inst.shape(o.tensor)) * nbytes
         dram = dram + moved

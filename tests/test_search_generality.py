@@ -214,3 +214,18 @@ def test_an_oracle_over_inputs_that_span_every_class_has_no_freedom_facts():
     p = Program("exp")
     p.output(p.exp(p.input("X", (4, 8), "f16")))
     assert Oracle(p).equivalent(mk("exp", ("inp", "X")), 0)
+
+
+def test_a_tensor_of_a_few_elements_is_fused_like_a_longer_one(h100):
+    """sigmoid(X) * 3 over 1 to 8 float32 elements: a load narrower than a 32-byte sector keeps the
+    whole sector in flight, so its bandwidth is not charged twice (once for the sector's unused
+    bytes, again as too few bytes in flight): one kernel at the time of 8 elements, which
+    fill a sector. The unfused schedule (1 to 5 elements) used to win."""
+    times = {}
+    for n in (1, 2, 5, 8):
+        p = Program(f"few{n}")
+        p.output(p.op("mul", p.op("sigmoid", p.input("X", (n,), "f32")), 3.0, name="O"))
+        out = run_search(p, h100, SearchConfig(), budget_s=60)
+        assert out.best.verdict.proved and _fused(out.best.sgraph), (n, out.best.sgraph.dumps())
+        times[n] = out.best.best.estimate.time_s
+    assert times[1] == times[2] == times[5] == times[8] < 2 * h100.launch_overhead_s, times
