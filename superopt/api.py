@@ -21,6 +21,7 @@ from superopt.config import DEFAULT_BUDGET_S, DEFAULT_TARGET, SearchConfig
 from superopt.core.progress import Progress
 from superopt.core.result import Candidate, Result, SearchStats, Verdict
 from superopt.limits import check_budgets
+from superopt.ops import Op
 from superopt.program import Program
 from superopt.sgraph import SGraph
 from superopt.targets import TARGETS, Target, fingerprint
@@ -81,6 +82,8 @@ def optimize(
     nor keeps those sGraphs. `workers`/`ray_address` distribute the search on Ray."""
     program.validate()
     check_budgets(budget_s, max_states)
+    if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int) or workers < 1):
+        raise ValueError(f"workers: must be an integer of at least 1 (or None: search here), got {workers!r}")
     config = config or SearchConfig()
     choice = resolve_target(target)
     kernel_cache = None
@@ -95,7 +98,7 @@ def optimize(
                 if hit.best.cuda is None:  # bound to this program's input names
                     _attach_cuda(hit.best, choice.target)
                 return hit
-    _check_defined(program)
+    check_defined(program)
     outcome = _verified_sgraphs(program, choice, config, budget_s, max_states, progress, reuse, force, workers,
                                 ray_address)
     result = _result(program, choice, outcome)
@@ -104,18 +107,22 @@ def optimize(
     return result
 
 
-def _check_defined(program: Program) -> None:
+def check_defined(program: Program) -> None:
     """Refuse at once a program that is not finite in its dtype at the first float check's
     inputs, of any sign or offset (small shapes, `FLOAT_SEED`): no schedule, the unfused one included,
-    can pass that check, and a search would spend its whole budget proving nothing."""
+    can pass that check, and a search would spend its whole budget proving nothing. (`superopt
+    check` asks it too.)"""
     from superopt.reference import undefined_node
     from superopt.shrink import shrink
     from superopt.verifier.verify import FLOAT_SEED
 
     node = undefined_node(shrink(program), FLOAT_SEED)
-    if node is not None:
-        raise NoCandidate(f"{program.name}: node {node.id!r} ({node.op}) is not finite in {node.dtype or 'f32'} "
-                          "at random inputs of any sign or offset, so no schedule can be checked against the program")
+    if node is None:
+        return
+    where = f"constant {node.id!r} ({node.attrs['value']:g}) is not finite in f32, the precision constants are " \
+        "computed in" if node.op == Op.CONST else \
+        f"node {node.id!r} ({node.op}) is not finite in {node.dtype or 'f32'} at random inputs of any sign or offset"
+    raise NoCandidate(f"{program.name}: {where}, so no schedule can be checked against the program")
 
 
 def _verified_sgraphs(

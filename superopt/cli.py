@@ -21,7 +21,7 @@ from rich.console import Console
 from rich.table import Table
 
 from superopt import workloads
-from superopt.api import NoCandidate, resolve_target
+from superopt.api import NoCandidate, check_defined, resolve_target
 from superopt.cli_progress import Throttle, count_progress, search_progress, search_text
 from superopt.config import (
     BODY_TIMEOUT_S,
@@ -198,8 +198,10 @@ def show(
 @app.command()
 @user_errors
 def check(file: Annotated[str, typer.Argument(help="program JSON file")]) -> None:
-    """Validate a program JSON file and print its canonical hash."""
+    """Validate a program JSON file (its ops, shapes and limits, and that it is finite at random
+    inputs, which `optimize` checks against) and print its canonical hash."""
     program = Program.from_json(read_json(file))
+    check_defined(program)
     out.print(f"{program.canonical_hash()}  {program.name}", markup=False)
 
 

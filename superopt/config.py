@@ -97,6 +97,19 @@ class SearchConfig:
     concrete: bool = field(default=False, metadata={
         "description": "enumerate concrete grid/loop sizes and maps (Mirage-style) instead of symbols"})
 
+    def __post_init__(self) -> None:
+        """Refuse a bound outside its range, as the CLI and the HTTP schema do (Python does not
+        check the annotations): `max_kernel_ops=0` would search nothing and return the baseline."""
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.type in (bool, "bool"):
+                if not isinstance(value, bool):
+                    raise ValueError(f"config.{f.name}: must be true or false, got {value!r}")
+            elif isinstance(value, bool) or not isinstance(value, int) or \
+                    not f.metadata["ge"] <= value <= f.metadata["le"]:
+                raise ValueError(f"config.{f.name}: must be an integer from {f.metadata['ge']} to {f.metadata['le']} "
+                                 f"({f.metadata['description']}), got {value!r}")
+
     def to_json(self) -> dict[str, object]:
         return {**asdict(self), "space_version": space_version()}
 

@@ -93,6 +93,10 @@ def _env_limit(var: str, default: int, ceiling: int | None) -> int:
 def check_budgets(budget_s: float | None, max_states: int | None) -> None:
     """Refuse a search budget outside (0, MAX_BUDGET_S] seconds or [1, MAX_STATES] states (None:
     no limit), naming the field and the bound, as a job request's are refused."""
+    if budget_s is not None and (isinstance(budget_s, bool) or not isinstance(budget_s, int | float)):
+        raise ValueError(f"budget_s: must be a number of seconds (or None: no time limit), got {budget_s!r}")
+    if max_states is not None and (isinstance(max_states, bool) or not isinstance(max_states, int)):
+        raise ValueError(f"max_states: must be an integer (or None: no limit), got {max_states!r}")
     if budget_s is not None and not 0 < budget_s <= MAX_BUDGET_S:
         raise ValueError(f"budget_s: must be greater than 0 and at most {MAX_BUDGET_S} s (or None: no time limit), "
                          f"got {budget_s}")

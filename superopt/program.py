@@ -177,8 +177,9 @@ class Program(JSONDocument):
             if self.nodes[o].op in ("input", Op.CONST):
                 kind = "an input" if self.nodes[o].op == "input" else "a constant"
                 raise ProgramError(f"output {o!r} is {kind}, not a computed tensor")
-        if len(set(self.outputs)) != len(self.outputs):
-            raise ProgramError("the same node is listed twice as an output")
+        twice = next((o for k, o in enumerate(self.outputs) if o in self.outputs[:k]), None)
+        if twice is not None:
+            raise ProgramError(f"output {twice!r} is listed twice (each output is one tensor)")
         live = self._live()
         for n in self.nodes.values():
             if n.id not in live:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from typer.testing import CliRunner
 
 from superopt import workloads
@@ -76,6 +77,26 @@ def test_check_rejects_invalid_program_with_exit_2(tmp_path):
     assert res.exit_code == 2
     assert "node 'H' (input): dimension -1 is not positive" in res.stderr
     assert "Traceback" not in res.output
+
+
+@pytest.mark.parametrize(("value", "message"), [
+    (1e300, "scaled: constant 'c' (1e+300) is not finite in f32, the precision constants are computed in"),
+    (1e5, "scaled: node 'O' (mul) is not finite in f16 at random inputs of any sign or offset"),
+])
+def test_check_refuses_what_optimize_would_refuse_as_not_finite(tmp_path, value, message):
+    """X * 1e300 in f16 passed `check` and was then refused by `optimize` (no schedule can be
+    checked against a program that overflows); the constant's message said f32 with no reason."""
+    p = Program("scaled")
+    p.output(p.op("mul", p.input("X", (4, 8), "f16"), value, name="O"))
+    data = p.to_json()
+    data["nodes"] = [dict(n, id="c") if n["op"] == "const" else n for n in data["nodes"]]
+    data["nodes"] = [dict(n, inputs=["X", "c"]) if n["id"] == "O" else n for n in data["nodes"]]
+    f = tmp_path / "scaled.json"
+    f.write_text(json.dumps(data))
+    for command in ("check", "optimize"):
+        res = invoke(command, str(f), *(["--no-cache"] if command == "optimize" else []))
+        assert res.exit_code == 2 and res.stderr == f"error: {message}, so no schedule can be checked against the " \
+            "program\n", (command, res.output)
 
 
 def test_check_missing_file_and_bad_json(tmp_path):

@@ -76,6 +76,7 @@ INVALID = [
     ("no output", lambda d: d.update(outputs=[]), "has no output"),
     ("unknown output", lambda d: d.update(outputs=["Q"]), "output 'Q' is not a node of the program"),
     ("input as output", lambda d: d.update(outputs=["S", "X"]), "output 'X' is an input, not a computed tensor"),
+    ("output twice", lambda d: d.update(outputs=["S", "S"]), "output 'S' is listed twice (each output is one tensor)"),
     ("unknown schema", lambda d: d.update(schema="superopt.program/9"), "unknown program schema 'superopt.program/9'"),
     ("missing schema", lambda d: d.pop("schema"), "unknown program schema None"),
     ("duplicate id", lambda d: d["nodes"].append({"id": "E", "op": "neg", "inputs": ["Y"]}), "node 'E': duplicate node id"),

@@ -10,6 +10,7 @@ from typer.testing import CliRunner
 from superopt import Program, workloads
 from superopt.api import optimize
 from superopt.cli import app
+from superopt.config import SearchConfig
 
 pytestmark = pytest.mark.usefixtures("private_cache")
 
@@ -58,9 +59,26 @@ def test_the_api_refuses_the_limits_the_command_line_refuses():
     p = workloads.resolve("ntrans:ci")
     for limits, message in (({"budget_s": -1}, "budget_s: must be greater than 0"),
                             ({"budget_s": float("nan")}, "budget_s: must be greater than 0"),
-                            ({"max_states": 0}, "max_states: must be at least 1")):
+                            ({"max_states": 0}, "max_states: must be at least 1"),
+                            ({"budget_s": "10"}, "budget_s: must be a number of seconds .* got '10'"),
+                            ({"max_states": 1.5}, "max_states: must be an integer .* got 1.5"),
+                            ({"workers": 0}, "workers: must be an integer of at least 1 .* got 0")):
         with pytest.raises(ValueError, match=message):
             optimize(p, target="h100", cache=False, **limits)
+
+
+@pytest.mark.parametrize(("bounds", "message"), [
+    ({"max_kernel_ops": 0}, r"config.max_kernel_ops: must be an integer from 1 to 32 \(kernels per kernel graph\), got 0"),
+    ({"max_block_ops": -1}, "config.max_block_ops: must be an integer from 1 to 64"),
+    ({"max_grid_axes": 2.0}, "config.max_grid_axes: must be an integer from 1 to 3 .* got 2.0"),
+    ({"max_block_inputs": True}, "config.max_block_inputs: must be an integer .* got True"),
+    ({"concrete": "yes"}, "config.concrete: must be true or false, got 'yes'"),
+])
+def test_search_bounds_out_of_range_are_refused_in_python_as_on_the_command_line(bounds, message):
+    """SearchConfig(max_kernel_ops=0) searched nothing and returned the unfused baseline; the
+    CLI and the HTTP schema refused it."""
+    with pytest.raises(ValueError, match=message):
+        SearchConfig(**bounds)
 
 
 def test_no_cache_neither_reads_nor_keeps_the_sgraphs_of_other_shapes(tmp_path, monkeypatch):
