@@ -23,11 +23,13 @@ Update = Callable[[int, str], None]  # (jobs done, what is running)
 
 
 class Throttle:
-    """True at most once every `every_s` seconds of `clock`; the first call is True."""
+    """True at most once every `every_s` seconds of `clock`; the first call is True, or with
+    `first=False` only once `every_s` have passed since the throttle was made."""
 
-    def __init__(self, every_s: float = PLAIN_EVERY_S, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, every_s: float = PLAIN_EVERY_S, clock: Callable[[], float] = time.monotonic,
+                 first: bool = True) -> None:
         self.every_s, self.clock = every_s, clock
-        self.last: float | None = None
+        self.last: float | None = None if first else clock()
 
     def __call__(self) -> bool:
         now = self.clock()
@@ -48,9 +50,10 @@ def search_text(p: dict[str, Any]) -> str:
 @contextmanager
 def search_progress(console: Console, budget_s: float | None, throttle: Throttle | None = None) -> Iterator[Progress]:
     """The callback a search reports to: a bar of the time budget spent (no budget: a pulse) on a
-    terminal, throttled lines elsewhere."""
+    terminal, throttled lines elsewhere, the first once the search has run `PLAIN_EVERY_S` (a
+    line at its start would read "0 states" above a report of its real counts)."""
     if not console.is_terminal:
-        gate = throttle or Throttle()
+        gate = throttle or Throttle(first=False)
 
         def line(p: dict[str, Any]) -> None:
             if gate():

@@ -3,12 +3,14 @@ drew nothing for minutes, a plain line at most every few seconds. `--json` stays
 
 from __future__ import annotations
 
+import functools
 import io
 import json
 
 from rich.console import Console
 from typer.testing import CliRunner
 
+from superopt import cli_progress
 from superopt.cli import app
 from superopt.cli_progress import PLAIN_EVERY_S, Throttle, count_progress, search_progress, search_text
 
@@ -46,15 +48,27 @@ def test_the_throttle_lets_one_line_through_per_interval():
 def test_a_piped_search_prints_throttled_plain_lines():
     console, buf = piped()
     clock = FakeClock()
-    with search_progress(console, 60.0, Throttle(3.0, clock)) as progress:
+    with search_progress(console, 60.0, Throttle(3.0, clock, first=False)) as progress:
         for t in range(10):  # an event every second, as the search reports
             clock.now = float(t)
             progress(event(float(t), 100 * t, best=17.7 if t >= 4 else None) | {"depth": 2})
     lines = buf.getvalue().splitlines()
     assert lines == [search_text(event(float(t), 100 * t, 17.7 if t >= 4 else None) | {"depth": 2})
-                     for t in (0, 3, 6, 9)]
+                     for t in (3, 6, 9)]
     assert lines[-1] == "search: 9.0 s, 900 states, 450 pruned, 1 verified, depth 2, best 17.70 us"
     assert "\x1b" not in buf.getvalue()  # no escape codes in a log
+
+
+def test_a_piped_search_shorter_than_the_interval_prints_no_line():
+    """Its only line was its first event ("found: 0.0 s, 0 states, ..."), above a report saying
+    12 states: a search that ends within `PLAIN_EVERY_S` prints nothing but its report."""
+    console, buf = piped()
+    clock = FakeClock()
+    with search_progress(console, 60.0, Throttle(3.0, clock, first=False)) as progress:
+        for t in (0.0, 0.5, 2.9):
+            clock.now = t
+            progress(event(t, 0))
+    assert buf.getvalue() == ""
 
 
 def test_a_piped_batch_prints_throttled_counts():
@@ -80,6 +94,7 @@ def test_on_a_terminal_the_bar_takes_every_event():
 
 def test_optimize_json_is_clean_json_with_progress_on_stderr(tmp_path, monkeypatch):
     monkeypatch.setenv("SUPEROPT_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(cli_progress, "Throttle", functools.partial(Throttle, 0.0))  # a line per event
     res = CliRunner().invoke(app, ["optimize", "rmsnorm_matmul:ci", "--target", "h100", "--no-cache", "--json"])
     assert res.exit_code == 0, res.output
     assert json.loads(res.stdout)["program"]["name"] == "rmsnorm_matmul:ci"
