@@ -21,6 +21,7 @@ import hmac
 import logging
 import os
 import secrets
+import stat
 import threading
 from pathlib import Path
 from typing import Any
@@ -29,12 +30,14 @@ from sqlalchemy.engine import URL
 from sqlalchemy.orm import Session
 
 from superopt.db.engine import shown
+from superopt.db.errors import StoreError
 from superopt.db.models import Candidate, Job, Target, Winner, Workload
 from superopt.digest import canonical_json
 from superopt.paths import cache_dir
 
 SECRET_ENV = "SUPEROPT_SECRET"
 KEY_FILE = "superopt.key"
+MIN_KEY_CHARS = 32  # a made key has 64 hex digits; SUPEROPT_SECRET no fewer than 32 characters
 
 log = logging.getLogger(__name__)
 
@@ -63,12 +66,20 @@ _lock = threading.Lock()
 
 def signer_for(s: Session) -> Signer:
     """The signer of the database `s` is bound to (its key read or created once per process)."""
-    url = s.get_bind().engine.url
+    return signer_for_url(s.get_bind().engine.url)
+
+
+def signer_for_url(url: URL) -> Signer:
+    """The signer of the database at `url`; StoreError when its key cannot be trusted (a service
+    asks at its start, so that it does not start only to answer every request 500)."""
     secret = os.environ.get(SECRET_ENV) or None
     path = None if secret else key_path(url)
     with _lock:
         if (secret, path) not in _signers:
             if secret is not None:
+                if len(secret) < MIN_KEY_CHARS:
+                    raise StoreError(f"{SECRET_ENV} is {len(secret)} characters long; a key that signs cache rows "
+                                     f"needs at least {MIN_KEY_CHARS} (e.g. the output of: openssl rand -hex 32)")
                 key = secret.encode()
             else:
                 assert path is not None
@@ -104,7 +115,31 @@ def _read_or_create(path: Path) -> bytes:
             pass
         finally:
             tmp.unlink()
-    return path.read_text().strip().encode()
+    return _trusted_key(path)
+
+
+def _trusted_key(path: Path) -> bytes:
+    """The key in `path`, if only its owner, this user, can read or change it and it is long
+    enough: a key file another user planted or can write (an empty one signs with the empty key)
+    would let them sign rows."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+    except OSError as e:
+        raise StoreError(f"key file {path}: cannot be read ({e.strerror})") from None
+    try:
+        st = os.fstat(fd)
+        problem = "is not a regular file" if not stat.S_ISREG(st.st_mode) else \
+            f"belongs to another user (uid {st.st_uid})" if hasattr(os, "getuid") and st.st_uid != os.getuid() else \
+            f"can be read or written by others (mode {stat.S_IMODE(st.st_mode):o}; chmod 600 it)" \
+            if st.st_mode & 0o077 else None
+        key = os.read(fd, 1 << 12).strip() if problem is None else b""
+    finally:
+        os.close(fd)
+    if problem is None and len(key) < MIN_KEY_CHARS:
+        problem = f"holds {len(key)} characters; a key needs at least {MIN_KEY_CHARS} (delete it: a new one is made)"
+    if problem is not None:
+        raise StoreError(f"key file {path} {problem}: it signs the kernel cache's rows, so it is not used")
+    return key
 
 
 # -- what each MAC covers ---------------------------------------------------------------------

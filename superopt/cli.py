@@ -198,8 +198,7 @@ def show(
 @app.command()
 @user_errors
 def check(file: Annotated[str, typer.Argument(help="program JSON file")]) -> None:
-    """Validate a program JSON file (its ops, shapes and limits, and that it is finite at random
-    inputs, which `optimize` checks against) and print its canonical hash."""
+    """Validate a program JSON file (finite at random inputs too) and print its canonical hash."""
     program = Program.from_json(read_json(file))
     check_defined(program)
     out.print(f"{program.canonical_hash()}  {program.name}", markup=False)
@@ -732,9 +731,11 @@ def serve(
     import uvicorn
 
     from superopt.db.engine import open_database
+    from superopt.db.integrity import signer_for_url
     from superopt.service import LOOPBACK_HOSTS, HiddenTokens, create_app
 
     database = open_database(db)
+    signer_for_url(database.url)  # a key that cannot be trusted stops the service here, not at each request
     if not token and host not in ("127.0.0.1", "localhost", "::1"):
         err.print(f"warning: serving on {host} without {TOKEN_ENV}: anyone who reaches it can submit jobs")
     named = [h.strip() for value in allowed_host or [] for h in value.split(",") if h.strip()]

@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import re
 import stat
 import warnings
 
@@ -27,7 +28,7 @@ from superopt.core.result import Result
 from superopt.db import recheck
 from superopt.db.cache import KernelCache
 from superopt.db.engine import open_database
-from superopt.db.errors import CacheIntegrityWarning, NotFound
+from superopt.db.errors import CacheIntegrityWarning, NotFound, StoreError
 from superopt.db.integrity import KEY_FILE, SECRET_ENV
 from superopt.db.jobs import JobQueue
 from superopt.db.migrate import alembic_config
@@ -242,12 +243,41 @@ def test_the_key(backend, tmp_path, monkeypatch, caplog):
         else:
             assert len(logged) == 1 and SECRET_ENV in logged[0] and str(key) in logged[0]
         clean(cache, program)
-        monkeypatch.setenv(SECRET_ENV, "another key")
+        monkeypatch.setenv(SECRET_ENV, "another key, long enough to sign rows")
         with pytest.warns(CacheIntegrityWarning, match="fails its MAC"):
             assert cache.lookup(program, H100) is None
         cache.store(standin_result(program))
         clean(cache, program)
         db.close()
+
+
+@pytest.mark.parametrize(("plant", "problem"), [
+    (lambda key: (key.write_text(""), key.chmod(0o600)), "holds 0 characters; a key needs at least 32 (delete it: a new one is made)"),
+    (lambda key: (key.write_text("abc\n"), key.chmod(0o600)), "holds 3 characters"),
+    (lambda key: (key.write_text("k" * 64), key.chmod(0o666)), "can be read or written by others (mode 666"),
+    (lambda key: (key.write_text("k" * 64), key.chmod(0o640)), "can be read or written by others (mode 640"),
+    (lambda key: key.mkdir(), "is not a regular file"),
+    (lambda key: (key.with_name("elsewhere").write_text("k" * 64), key.with_name("elsewhere").chmod(0o600),
+                  key.symlink_to(key.with_name("elsewhere"))), "cannot be read"),
+])
+def test_a_key_file_that_others_could_have_written_is_not_used(tmp_path, plant, problem):
+    """An empty key file, world-writable, planted beside the database, signed rows with the key
+    b"": whoever planted it could sign forged times, served as hits and passed by cache verify."""
+    key = tmp_path / KEY_FILE
+    plant(key)
+    db = open_database(str(tmp_path / "superopt.db"))
+    with pytest.raises(StoreError, match=f"key file {key}.*{re.escape(problem)}"):
+        stored(db)
+    res = runner.invoke(app, ["cache", "ls", "--db", str(tmp_path / "superopt.db")])
+    assert res.exit_code == 2 and res.stderr.startswith(f"error: key file {key}") and problem in res.stderr
+    db.close()
+
+
+def test_a_short_secret_is_refused(db, monkeypatch):
+    monkeypatch.setenv(SECRET_ENV, "hunter2")
+    with pytest.raises(StoreError, match="SUPEROPT_SECRET is 7 characters long; a key that signs cache rows needs "
+                                         "at least 32"):
+        stored(db)
 
 
 def _renamed(program: Program, names: dict[str, str]) -> Program:
