@@ -127,6 +127,16 @@ def unavailable(e: BaseException) -> bool:
     return isinstance(e, exc.OperationalError | exc.InterfaceError | exc.TimeoutError)
 
 
+def read_only(e: BaseException) -> bool:
+    """Whether `e` says the database refuses writes (an SQLite file opened read-only or made
+    immutable, a PostgreSQL read-only transaction or standby): a setting of the database, not a
+    wrong statement, which front ends say in one line rather than as a crash."""
+    orig = getattr(e, "orig", None)
+    if isinstance(orig, sqlite3.Error):
+        return "readonly database" in str(orig).lower()
+    return getattr(orig, "sqlstate", None) == "25006" or getattr(orig, "pgcode", None) == "25006"
+
+
 def reason(e: BaseException) -> str:
     """The first line of the driver's message: what an operator needs, without the SQL."""
     orig = getattr(e, "orig", None) or e

@@ -101,10 +101,19 @@ def user_errors(fn: F) -> F:
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
+        from sqlalchemy.exc import SQLAlchemyError
+
+        from superopt.db.engine import read_only, reason
+
         try:
             return fn(*args, **kwargs)
         except USER_ERRORS as e:
             err.print(f"error: {e}", markup=False)
+            raise typer.Exit(2) from None
+        except SQLAlchemyError as e:
+            if not read_only(e):
+                raise
+            err.print(f"error: the database refuses writes ({reason(e)}); nothing was written", markup=False)
             raise typer.Exit(2) from None
 
     return wrapper  # type: ignore[return-value]

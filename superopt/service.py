@@ -43,7 +43,7 @@ from fastapi.responses import HTMLResponse, JSONResponse
 from fastapi.routing import APIRoute
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel, Field
-from sqlalchemy.exc import InterfaceError, OperationalError, SQLAlchemyError
+from sqlalchemy.exc import InterfaceError, InternalError, OperationalError, SQLAlchemyError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -52,7 +52,7 @@ import superopt
 from superopt import dashboard
 from superopt.config import BODY_TIMEOUT_S, HOSTS_ENV, MAX_BODY_BYTES
 from superopt.db.cache import KernelCache
-from superopt.db.engine import Database, reason, unavailable
+from superopt.db.engine import Database, read_only, reason, unavailable
 from superopt.db.errors import Conflict, NotFound, RequestError
 from superopt.db.jobs import JobQueue
 from superopt.jobspec import JobRequest, request_error
@@ -300,12 +300,16 @@ def create_app(
         return _answer(409, "state", f"state: {e}")
 
     async def _database_down(request: Request, e: Exception) -> JSONResponse:
+        if read_only(e):
+            log.warning("%s %s: the database refuses writes: %s", request.method, request.url.path, reason(e))
+            return _answer(503, "database", f"database: refuses writes ({reason(e)}); nothing was written")
         if not unavailable(e):  # a wrong statement (SQLite says OperationalError to both): a 500, logged
             raise e
         log.warning("%s %s: database unreachable: %s", request.method, request.url.path, reason(e))
         return _unavailable()
 
-    for kind in (OperationalError, InterfaceError, PoolTimeout):  # an unreachable database (engine.unavailable)
+    # an unreachable database (engine.unavailable), or one that refuses writes (engine.read_only)
+    for kind in (OperationalError, InterfaceError, InternalError, PoolTimeout):
         app.add_exception_handler(kind, _database_down)
 
     def database_reachable() -> bool:

@@ -248,6 +248,42 @@ def test_health_says_whether_the_database_answers_and_routes_answer_503_meanwhil
     assert client.get(f"/jobs/{job['id']}").json()["state"] == "queued" and jobs(db) == 1
 
 
+def refusing_writes(db: Database) -> Database:
+    """`db` as a read-only SQLite file answers (what `chattr +i` or `?mode=ro` make of it)."""
+    event.listen(db.engine, "connect", lambda conn, _record: conn.execute("PRAGMA query_only = ON"))
+    db.engine.dispose()
+    return db
+
+
+def test_a_database_that_refuses_writes_answers_503_naming_it_and_reads_still_answer(tmp_path):
+    """POST /jobs against an immutable SQLite file answered a bare 500 (and the CLI a traceback)."""
+    db = open_database(str(tmp_path / "superopt.db"))
+    client = TestClient(create_app(db), base_url=LOOPBACK, raise_server_exceptions=False)
+    job = client.post("/jobs", json={"program": "lora:ci", "target": "h100"}).json()
+    refusing_writes(db)
+    for method, path in (("POST", "/jobs"), ("DELETE", f"/jobs/{job['id']}")):
+        res = client.request(method, path, json={"program": "ntrans:ci", "target": "h100"} if method == "POST" else None)
+        assert res.status_code == 503 and res.json() == {
+            "detail": "database: refuses writes (attempt to write a readonly database); nothing was written",
+            "field": "database"}, res.text
+    assert client.get(f"/jobs/{job['id']}").json()["state"] == "queued" and jobs(db) == 1
+    db.close()
+
+
+def test_the_command_line_says_a_database_that_refuses_writes_in_one_line(tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    from superopt.cli import app
+    from superopt.db import engine
+
+    url = str(tmp_path / "superopt.db")
+    open_database(url).close()
+    monkeypatch.setattr(engine, "open_database", lambda *a, **k: refusing_writes(open_database(*a, **k)))
+    res = CliRunner().invoke(app, ["submit", "ntrans:ci", "--target", "h100", "--db", url])
+    assert res.exit_code == 2 and res.stderr == \
+        "error: the database refuses writes (attempt to write a readonly database); nothing was written\n", res.output
+
+
 def test_a_wrong_statement_is_a_500_not_a_503(tmp_path):
     """SQLite raises OperationalError for a missing table as for a locked file: only the latter
     is worth a retry."""
