@@ -39,6 +39,7 @@ from superopt.db.integrity import Signer, candidate_fields, set_job_result, sign
 from superopt.db.keys import CacheKey, check_hash_prefix, signature
 from superopt.db.models import Candidate, Job, JobState, Target, Winner, Workload, utcnow
 from superopt.digest import canonical_json
+from superopt.limits import printable
 from superopt.program import Program, ProgramError
 from superopt.sgraph import SGraphError
 from superopt.targets import Target as CostModelTarget
@@ -522,7 +523,7 @@ def _row(c: Candidate) -> recheck.Row:
 
 
 def _what(w: Winner) -> str:
-    return f"kernel cache entry {w.id} ({w.workload.name}, {w.workload.program_hash[:12]}, {w.target.name})"
+    return printable(f"kernel cache entry {w.id} ({w.workload.name}, {w.workload.program_hash[:12]}, {w.target.name})")
 
 
 def _digest(data: str) -> str:

@@ -43,7 +43,7 @@ from superopt.config import (
 from superopt.core.errors import ClusterUnreachable
 from superopt.db.errors import CacheIntegrityWarning, RequestError, StoreError
 from superopt.instantiate import InstantiationError, instantiate, parse_params
-from superopt.limits import LimitConfigError
+from superopt.limits import LimitConfigError, printable
 from superopt.loading import LoadError, kind_of, load_program, load_sgraph, read_json
 from superopt.ops import OpError
 from superopt.program import Program, ProgramError
@@ -528,7 +528,7 @@ def watch(
         while not job.state.terminal:
             if gate():
                 running = f": {search_text(job.progress)}" if "states" in job.progress else ""
-                err.print(f"job {job.id} {job.state.value}{running}", markup=False)
+                err.print(printable(f"job {job.id} {job.state.value}{running}"), markup=False)
             time.sleep(interval)
             job = queue.get(job_id)
     out.print(job_table(job))

@@ -12,9 +12,15 @@ from superopt.db.audit import BadRow
 from superopt.db.cache import CacheEntry
 from superopt.db.jobs import JobView
 from superopt.db.models import utcnow
+from superopt.limits import printable
 from superopt.render import render_sgraph
 from superopt.sgraph import SGraph
 from superopt.worker import cache_note
+
+
+def _plain(x: Any) -> Text:
+    """A table cell of text from the database: never Rich markup, nothing that does not print."""
+    return Text(printable(str(x)))
 
 
 def _us(x: Any) -> str:
@@ -57,7 +63,7 @@ def job_table(v: JobView) -> Table:
     if v.error:
         rows.append(("error", v.error))
     for k, val in rows:
-        t.add_row(k, val)
+        t.add_row(k, _plain(val))
     return t
 
 
@@ -67,7 +73,8 @@ def entries_table(entries: list[CacheEntry]) -> Table:
     for e in entries:
         shapes = " ".join("x".join(map(str, s)) for s in e.shapes)
         t.add_row(
-            str(e.kernel_id), e.program_name, e.program_hash[:12], shapes, e.target, e.config_hash[:8], e.version,
+            str(e.kernel_id), _plain(e.program_name), _plain(e.program_hash[:12]), shapes, _plain(e.target),
+            _plain(e.config_hash[:8]), _plain(e.version),
             _us(e.time_us), _us(e.baseline_time_us), _x(e.baseline_time_us / e.time_us if e.time_us > 0 else None),
             e.created_at.isoformat(sep=" ", timespec="seconds"),
         )
@@ -78,7 +85,7 @@ def audit_table(bad: list[BadRow]) -> Table:
     """The rows `superopt cache verify` found bad; problems are plain text (never Rich markup)."""
     t = Table("table", "id", "program", "problem", title="bad rows", title_justify="left")
     for b in bad:
-        t.add_row(b.table, str(b.id), Text(b.program), Text("\n".join(b.problems)))
+        t.add_row(b.table, str(b.id), _plain(b.program), Text("\n".join(map(printable, b.problems))))
     return t
 
 
@@ -97,7 +104,7 @@ def kernel_text(k: dict[str, Any]) -> str:
     ]
     if k.get("cuda"):
         lines += ["", k["cuda"]]
-    return "\n".join(lines)
+    return "\n".join(printable(line) for text in lines for line in text.split("\n"))
 
 
 def batch_table(rows: list[dict[str, Any]]) -> Table:
@@ -105,9 +112,9 @@ def batch_table(rows: list[dict[str, Any]]) -> Table:
               "kernel or error", title="batch", title_justify="left")
     for r in rows:
         t.add_row(
-            str(r["line"]), str(r["job"]), r["program"], r["hash"][:12], r["target"], r["state"],
+            str(r["line"]), str(r["job"]), _plain(r["program"]), r["hash"][:12], _plain(r["target"]), r["state"],
             "hit" if r["cache_hit"] else ("-" if r["state"] != "succeeded" else "searched"),
             _us(r["time_us"]), _us(r["baseline_time_us"]), _x(r["speedup"]),
-            str(r["kernel_id"]) if r["kernel_id"] is not None else (r["error"] or "-"),
+            str(r["kernel_id"]) if r["kernel_id"] is not None else _plain(r["error"] or "-"),
         )
     return t

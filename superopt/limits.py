@@ -54,6 +54,13 @@ def name_problem(name: object) -> str | None:
     return None
 
 
+def printable(text: str) -> str:
+    """`text` with every character that does not print (escape sequences, carriage returns,
+    bidirectional overrides) written as its Python escape: text read from the database (a
+    program name, a job's error) can then neither clear a terminal, set its title nor hide text."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
 def shown(name: object) -> str:
     """`name` quoted for an error message: escaped (repr) and cut short, so that a hostile name
     can neither flood the message nor put control characters on a terminal."""

@@ -35,6 +35,7 @@ from superopt.db.engine import Database, DatabaseUnavailable, Retry, reason, una
 from superopt.db.errors import RequestError
 from superopt.db.jobs import Claim, JobQueue, JobView, resolve_fingerprint
 from superopt.db.keys import CacheKey
+from superopt.limits import printable
 
 Optimize = Callable[..., Result]
 
@@ -229,9 +230,9 @@ def cache_note(result: dict[str, Any]) -> str:
 
 
 def describe(view: JobView) -> str:
-    """One log line for a finished job."""
+    """One log line for a finished job (its error as stored text: `printable`)."""
     if view.error:
-        return f"job {view.id} {view.state.value}: {view.error}"
+        return f"job {view.id} {view.state.value}: {printable(view.error)}"
     if not view.result:
         return f"job {view.id} {view.state.value}"
     r = view.result

@@ -31,6 +31,7 @@ from superopt.codegen.names import comment_text
 from superopt.costmodel import best_params
 from superopt.db.cache import KernelCache
 from superopt.db.engine import open_database
+from superopt.db.errors import CacheIntegrityWarning
 from superopt.db.models import Job
 from superopt.instantiate import instantiate
 from superopt.program import Program, ProgramError
@@ -294,3 +295,29 @@ def test_export_and_the_served_kernel_keep_accepted_names_in_comments(tmp_path):
     served = TestClient(create_app(db), base_url="http://127.0.0.1").get(f"/kernels/{entry.kernel_id}").json()["cuda"]
     db.close()
     assert_names_only_in_comments(served, tmp_path)
+
+
+HOSTILE_TEXT = "\x1b]0;PWNED\x07\x1b[2J[bold]EVIL[/bold]\u202e"
+
+
+def test_text_edited_into_the_database_reaches_no_terminal_as_control_codes_or_markup(tmp_path, monkeypatch):
+    """A program name or a job's error edited in the database reached the terminal raw: `status`
+    cleared the screen and set its title, and Rich read `[bold]` as markup. Shown now as escapes,
+    literally, by status, cache ls (its warning: the edited name fails the row's MAC) and verify."""
+    monkeypatch.setenv("SUPEROPT_CACHE_DIR", str(tmp_path / "cache"))
+    url = f"sqlite:///{tmp_path / 'superopt.db'}"
+    optimize(workloads.resolve("ntrans:ci"), target="h100", budget_s=60, db=url)
+    db = open_database(url)
+    with db.write() as s:
+        job = s.get_one(Job, 1)
+        job.error, job.workload.name = HOSTILE_TEXT, HOSTILE_TEXT
+    db.close()
+    shown = r"\x1b]0;PWNED\x07\x1b[2J[bold]EVIL[/bold]\u202e"
+    for command in (["status", "1"], ["cache", "verify"]):
+        res = CliRunner().invoke(app, [*command, "--db", url])
+        assert not any(c in res.output for c in "\x1b\x07\u202e"), (command, res.output)
+        assert shown in "".join(line.strip(" │") for line in res.output.splitlines()), (command, res.output)
+    with pytest.warns(CacheIntegrityWarning) as warned:
+        res = CliRunner().invoke(app, ["cache", "ls", "--db", url])
+    assert res.output == "the cache holds no winner\n"
+    assert [f"kernel cache entry 1 ({shown}," in str(w.message) for w in warned] == [True]
