@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import random
+import re
 import sqlite3
 import threading
 import time
@@ -57,14 +58,19 @@ def resolve_url(url: str | None = None) -> URL:
         return make_url(f"sqlite:///{Path(text).expanduser().resolve()}")
     try:
         parsed = make_url(text)
-    except exc.ArgumentError:
-        raise StoreError(f"bad database URL {text!r}: expected sqlite:///FILE or postgresql://...") from None
+    except (exc.ArgumentError, ValueError):  # no scheme, or a port that is no number
+        hidden = re.sub(r"//[^@/]*@", "//***@", text)  # the password, if any
+        raise StoreError(f"bad database URL {hidden!r}: expected sqlite:///FILE or postgresql://...") from None
     backend = parsed.get_backend_name()
     if backend in ("postgresql", "postgres"):
         return parsed.set(drivername="postgresql+psycopg")
     if backend == "sqlite":
         if not parsed.database or parsed.database == ":memory:":
             raise StoreError("an in-memory SQLite database cannot hold a queue shared by processes; give a file")
+        if parsed.database.startswith("file:") or parsed.query:
+            # SQLite URI filenames (uri=true) and options: the file they name is not `database`,
+            # where the key file is looked for, and mode=memory would hold the queue in memory.
+            raise StoreError(f"SQLite URL options are not supported in {shown(parsed)}: give sqlite:///FILE or a path")
         return parsed
     raise StoreError(f"unsupported database {backend!r} in {shown(parsed)}: use SQLite or PostgreSQL")
 

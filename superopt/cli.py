@@ -33,6 +33,8 @@ from superopt.config import (
     HOSTS_ENV,
     LEASE_S,
     MAX_BODY_BYTES,
+    MAX_LEASE_S,
+    MAX_ROWS,
     POLL_S,
     SERVE_HOST,
     SERVE_PORT,
@@ -43,7 +45,7 @@ from superopt.config import (
 from superopt.core.errors import ClusterUnreachable
 from superopt.db.errors import CacheIntegrityWarning, RequestError, StoreError
 from superopt.instantiate import InstantiationError, instantiate, parse_params
-from superopt.limits import LimitConfigError, printable
+from superopt.limits import LimitConfigError, printable, shown
 from superopt.loading import LoadError, kind_of, load_program, load_sgraph, read_json
 from superopt.ops import OpError
 from superopt.program import Program, ProgramError
@@ -109,6 +111,10 @@ def user_errors(fn: F) -> F:
             return fn(*args, **kwargs)
         except USER_ERRORS as e:
             err.print(f"error: {e}", markup=False)
+            raise typer.Exit(2) from None
+        except OSError as e:  # a file the system refuses: a name too long, a device, no permission
+            where = f"{shown(e.filename)}: " if e.filename is not None else ""
+            err.print(f"error: {where}{e.strerror or e}", markup=False)
             raise typer.Exit(2) from None
         except SQLAlchemyError as e:
             if not read_only(e):
@@ -559,8 +565,9 @@ def cache_ls(
     program_hash: HashOption = None,
     target: Annotated[str | None, typer.Option(help="target name or fingerprint")] = None,
     program: Annotated[str | None, typer.Option(help="program name")] = None,
-    limit: Annotated[int | None, typer.Option(min=1, help="list at most this many [default: all]")] = None,
-    offset: Annotated[int, typer.Option(min=0, help="skip this many first")] = 0,
+    limit: Annotated[int | None, typer.Option(min=1, max=MAX_ROWS,
+                                              help="list at most this many [default: all]")] = None,
+    offset: Annotated[int, typer.Option(min=0, max=MAX_ROWS, help="skip this many first")] = 0,
     db: DbOption = None,
     as_json: JsonOption = False,
 ) -> None:
@@ -763,7 +770,8 @@ def worker(
     once: Annotated[bool, typer.Option(help="exit when the queue is empty instead of waiting for jobs")] = False,
     ray_address: Annotated[str | None, typer.Option(help="Ray cluster to search on (passed to the optimizer)")] = None,
     workers: Annotated[int | None, typer.Option(min=1, help="Ray workers for each job's search")] = None,
-    lease_s: Annotated[float, typer.Option(min=1.0, help="seconds a job stays ours without a heartbeat")] = LEASE_S,
+    lease_s: Annotated[float, typer.Option(min=1.0, max=MAX_LEASE_S, help="seconds a job stays ours without a "
+                                                                       "heartbeat")] = LEASE_S,
     poll_s: Annotated[float, typer.Option(min=0.01, help="seconds between looks at an empty queue")] = POLL_S,
     db_retry_s: Annotated[float, typer.Option(min=0.0, help="seconds to keep retrying an unreachable database "
                                                             "before exiting")] = DB_RETRY_S,

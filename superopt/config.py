@@ -29,6 +29,8 @@ SERVE_HOST, SERVE_PORT = "127.0.0.1", 8000  # loopback: nothing outside this hos
 MAX_BODY_BYTES = 1 << 20  # 1 MiB: the largest built-in program JSON is a few KB
 BODY_TIMEOUT_S = 10.0  # a 1 MiB body over loopback takes milliseconds
 LEASE_S = 60.0  # seconds a claimed job stays a worker's without a heartbeat
+MAX_LEASE_S = 3600.0  # the longest lease a worker may take: a dead worker's job waits at most this
+MAX_ROWS = 2**62  # the most rows a listing may skip or show (SQL integers are 64-bit)
 POLL_S = 1.0  # seconds between a worker's looks at an empty queue
 DB_RETRY_S = 600.0  # seconds a worker retries an unreachable database before it exits
 # Environment variables the command line reads (through its options, so that --help names them).

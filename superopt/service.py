@@ -50,7 +50,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 import superopt
 from superopt import dashboard
-from superopt.config import BODY_TIMEOUT_S, HOSTS_ENV, MAX_BODY_BYTES
+from superopt.config import BODY_TIMEOUT_S, HOSTS_ENV, MAX_BODY_BYTES, MAX_ROWS
 from superopt.db.cache import KernelCache
 from superopt.db.engine import Database, read_only, reason, unavailable
 from superopt.db.errors import Conflict, NotFound, RequestError
@@ -393,7 +393,7 @@ def create_app(
                                             description="target name or fingerprint")] = None,
         program: Annotated[str | None, Query(max_length=200, pattern=PRINTABLE, description="program name")] = None,
         limit: Annotated[int, Query(ge=1, le=MAX_PAGE, description="winners per page")] = DEFAULT_PAGE,
-        offset: Annotated[int, Query(ge=0, le=2**62, description="winners skipped")] = 0,
+        offset: Annotated[int, Query(ge=0, le=MAX_ROWS, description="winners skipped")] = 0,
     ) -> dict[str, Any]:
         """The kernel cache's winners, newest first, a page at a time (what `superopt cache ls`
         lists), optionally of one program hash (or prefix), target or program name."""

@@ -324,3 +324,29 @@ def test_help_shows_no_developer_notes():
     res = invoke("--help")
     assert res.exit_code == 0 and "Find, prove and time" in res.stdout
     assert "Typer" not in res.stdout and "exit 2" not in res.stdout
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["check", "a" * 300], f"error: {'a' * 64!r}... (300 characters): File name too long\n"),
+    (["optimize", "a" * 300], f"error: {'a' * 64!r}... (300 characters): File name too long\n"),
+    (["cache", "ls", "--db", "postgresql://user:hunter2@[::1"],
+     "error: bad database URL 'postgresql://***@[::1': expected sqlite:///FILE or postgresql://...\n"),
+    (["submit", "ntrans:ci", "--db", "sqlite:///file:x?mode=memory&cache=shared&uri=true"],
+     "error: SQLite URL options are not supported in sqlite:///file%3Ax?cache=shared&mode=memory&uri=true: give "
+     "sqlite:///FILE or a path\n"),
+])
+def test_what_the_system_or_a_url_refuses_is_one_error_line(tmp_path, monkeypatch, args, message):
+    """A file name past the system's limit, a URL whose port is no number, and an SQLite URI
+    (mode=memory: a queue that vanished with the process, its key file looked for elsewhere)
+    printed tracebacks or were taken; none shows a password."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("SUPEROPT_CACHE_DIR", str(tmp_path))
+    res = invoke(*args)
+    assert res.exit_code == 2 and res.stderr == message, res.output
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_worker_lease_is_bounded():
+    """A lease of 1e9 s kept a dead worker's job running (until 2058) out of every other worker's reach."""
+    res = invoke("worker", "--lease-s", "1e9", "--once")
+    assert res.exit_code == 2 and "less than or equal to 3600" in res.output

@@ -249,7 +249,7 @@ def test_health_says_whether_the_database_answers_and_routes_answer_503_meanwhil
 
 
 def refusing_writes(db: Database) -> Database:
-    """`db` as a read-only SQLite file answers (what `chattr +i` or `?mode=ro` make of it)."""
+    """`db` as a read-only SQLite file answers (what `chattr +i` makes of it)."""
     event.listen(db.engine, "connect", lambda conn, _record: conn.execute("PRAGMA query_only = ON"))
     db.engine.dispose()
     return db
