@@ -214,6 +214,8 @@ def _sqlite_engine(url: URL) -> Engine:
     assert url.database is not None
     Path(url.database).parent.mkdir(parents=True, exist_ok=True)
     engine = create_engine(url, connect_args={"timeout": BUSY_TIMEOUT_MS / 1000})
+    path = url.database
+    opened: list[tuple[int, int]] = []  # the file the pool's connections hold (device, inode)
 
     @event.listens_for(engine, "connect")
     def _setup(dbapi_conn: Any, _record: Any) -> None:
@@ -224,12 +226,28 @@ def _sqlite_engine(url: URL) -> Engine:
         _switch_to_wal(cur)
         cur.execute("PRAGMA foreign_keys = ON")
         cur.close()
+        if not opened:
+            opened.append(_file_id(path))
 
     @event.listens_for(engine, "begin")
     def _begin(conn: Any) -> None:
+        # A file deleted (or replaced) under an open pool: its connections would go on using the
+        # unlinked file, where a job queued is seen by no worker; unreachable until it is back.
+        if opened and _file_id(path) != opened[0]:
+            raise exc.OperationalError(None, None, sqlite3.OperationalError(
+                f"unable to open database file: {path} was deleted or replaced while in use"))
         conn.exec_driver_sql(f"BEGIN {conn.get_execution_options().get('sqlite_begin', 'DEFERRED')}")
 
     return engine
+
+
+def _file_id(path: str) -> tuple[int, int]:
+    """The file at `path` (device, inode); (-1, -1) when there is none."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return -1, -1
+    return st.st_dev, st.st_ino
 
 
 def _switch_to_wal(cur: sqlite3.Cursor) -> None:

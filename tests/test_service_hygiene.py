@@ -284,6 +284,22 @@ def test_the_command_line_says_a_database_that_refuses_writes_in_one_line(tmp_pa
         "error: the database refuses writes (attempt to write a readonly database); nothing was written\n", res.output
 
 
+def test_a_database_file_deleted_under_the_service_is_unreachable_not_written(tmp_path):
+    """Deleted while the service ran, the SQLite file went on taking jobs through the pool's
+    connections to the unlinked file, where no worker would ever see them."""
+    path = tmp_path / "superopt.db"
+    db = open_database(str(path))
+    client = TestClient(create_app(db), base_url=LOOPBACK)
+    assert client.post("/jobs", json={"program": "lora:ci", "target": "h100"}).status_code == 201
+    for f in tmp_path.glob("superopt.db*"):
+        f.unlink()
+    assert client.get("/health/ready").status_code == 503
+    res = client.post("/jobs", json={"program": "ntrans:ci", "target": "h100"})
+    assert res.status_code == 503 and res.json()["field"] == "database" and res.headers["retry-after"] == "5"
+    assert not path.exists()
+    db.close()
+
+
 def test_a_wrong_statement_is_a_500_not_a_503(tmp_path):
     """SQLite raises OperationalError for a missing table as for a locked file: only the latter
     is worth a retry."""
