@@ -339,6 +339,7 @@ def optimize(
     from superopt.jobspec import parse_request
 
     program = load_program(spec)
+    _check_writable(svg, sgraph_out)  # before a search of minutes, not after it
     bounds = {"max_kernel_ops": max_kernel_ops, "max_block_ops": max_block_ops, "max_grid_axes": max_grid_axes,
               "max_block_inputs": max_block_inputs, "concrete": concrete}  # checked as a job request's are
     config = parse_request({"program": spec, "target": target, "budget_s": budget_s, "max_states": max_states,
@@ -640,6 +641,8 @@ def cache_invalidate(
 
     if kernel_id is None and not (program_hash or target or everything):
         raise RequestError("invalidate", "name a kernel id, --hash, --target or --all")
+    if everything and (kernel_id is not None or program_hash or target):
+        raise RequestError("invalidate", "--all forgets every winner: name no kernel id, --hash or --target with it")
     cache = KernelCache(open_database(db, existing=True))
     n = cache.invalidate(program_hash=program_hash, target=target, kernel_id=kernel_id)
     if kernel_id is not None and n == 0:
@@ -898,6 +901,15 @@ def _write(path: Path, text: str) -> None:
         path.write_text(text)
     except OSError as e:
         raise LoadError(f"cannot write {path}: {e.strerror or e}") from None
+
+
+def _check_writable(*paths: Path | None) -> None:
+    """Refuse at once an output path that `_write` would refuse for being a directory or in a
+    directory that is not there."""
+    for path in paths:
+        if path is not None and (path.is_dir() or not path.parent.is_dir()):
+            why = "a directory" if path.is_dir() else f"no directory {path.parent}"
+            raise LoadError(f"cannot write {path}: {why}")
 
 
 def _tolerance(program: Program) -> float:

@@ -402,7 +402,8 @@ def _load(data: Any) -> Program:
         raise ProgramError("program JSON must be an object")
     schema = data.get("schema")
     if schema != SCHEMA:
-        raise ProgramError(f"unknown program schema {schema!r} (this version reads {SCHEMA!r})")
+        raise ProgramError(f"no 'schema' field (a program file has \"schema\": {json.dumps(SCHEMA)})"
+                           if schema is None else f"unknown program schema {schema!r} (this version reads {SCHEMA!r})")
     extra = set(data) - {"schema", "name", "nodes", "outputs"}
     if extra:
         raise ProgramError(f"unexpected top-level field {sorted(extra)[0]!r}")

@@ -238,6 +238,8 @@ def known_parameters(request: Request) -> None:
         return
     taken = _query_names(route.dependant)
     for name in request.query_params:
+        if name in taken and len(request.query_params.getlist(name)) > 1:
+            raise ApiError(422, name, "given more than once (this route takes one value)")
         if name not in taken:
             expected = f"one of {', '.join(sorted(taken))}" if taken else "none"
             if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]{0,63}", name):
@@ -270,7 +272,7 @@ def create_app(
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, e: RequestValidationError) -> JSONResponse:
         kind = request.headers.get("content-type", "")
-        if request.method == "POST" and not kind.startswith("application/json"):
+        if request.method == "POST" and kind.split(";")[0].strip().lower() != "application/json":
             return _answer(415, "content-type", f"content-type: expected application/json, got {kind or 'none'}")
         err = request_error(e.errors())
         return _answer(422, err.field, str(err))

@@ -350,3 +350,13 @@ def test_a_worker_lease_is_bounded():
     """A lease of 1e9 s kept a dead worker's job running (until 2058) out of every other worker's reach."""
     res = invoke("worker", "--lease-s", "1e9", "--once")
     assert res.exit_code == 2 and "less than or equal to 3600" in res.output
+
+
+@pytest.mark.parametrize("option", ["--svg", "--sgraph-out"])
+def test_optimize_refuses_an_output_path_it_cannot_write_before_searching(tmp_path, monkeypatch, option):
+    """--svg DIR failed only after the search had run and stored its result."""
+    monkeypatch.setenv("SUPEROPT_CACHE_DIR", str(tmp_path / "cache"))
+    for path, why in ((tmp_path, "a directory"), (tmp_path / "no" / "x.svg", f"no directory {tmp_path / 'no'}")):
+        res = invoke("optimize", "ntrans:ci", "--target", "h100", option, str(path))
+        assert res.exit_code == 2 and res.stderr == f"error: cannot write {path}: {why}\n", res.output
+    assert not (tmp_path / "cache").exists()  # no search ran, no cache was opened

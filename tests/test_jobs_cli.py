@@ -52,6 +52,9 @@ def test_submit_work_and_query(tmp_path):
     assert Result.from_report(json.loads(out.read_text())).cache_hit
     res = invoke(db, "cache", "invalidate")
     assert res.exit_code == 2 and "name a kernel id, --hash, --target or --all" in res.stderr
+    for narrowed in ((str(kernel_id),), ("--target", "a100")):  # --all with a filter: which one was meant?
+        res = invoke(db, "cache", "invalidate", "--all", *narrowed)
+        assert res.exit_code == 2 and "--all forgets every winner: name no kernel id, --hash or --target" in res.stderr
     assert invoke(db, "cache", "invalidate", "--all").stdout.strip() == "invalidated 1 cached winner(s)"
     assert json.loads(invoke(db, "cache", "ls", "--json").stdout) == []
     assert invoke(db, "cache", "ls").stdout.strip() == "the cache holds no winner"

@@ -78,7 +78,7 @@ INVALID = [
     ("input as output", lambda d: d.update(outputs=["S", "X"]), "output 'X' is an input, not a computed tensor"),
     ("output twice", lambda d: d.update(outputs=["S", "S"]), "output 'S' is listed twice (each output is one tensor)"),
     ("unknown schema", lambda d: d.update(schema="superopt.program/9"), "unknown program schema 'superopt.program/9'"),
-    ("missing schema", lambda d: d.pop("schema"), "unknown program schema None"),
+    ("missing schema", lambda d: d.pop("schema"), 'no \'schema\' field (a program file has "schema": "superopt.program/1")'),
     ("duplicate id", lambda d: d["nodes"].append({"id": "E", "op": "neg", "inputs": ["Y"]}), "node 'E': duplicate node id"),
     ("reduce dim out of range", lambda d: _node(d, "S")["attrs"].update(dim=2), "node 'S' (sum): dim 2 is out of range for a rank-2 tensor"),
     ("missing attribute", lambda d: _node(d, "S").update(attrs={}), "node 'S' (sum): missing attribute 'dim'"),

@@ -149,6 +149,8 @@ BAD = [
     ("job a query parameter", "GET", "/jobs/1", {"params": {"verbose": "1"}}, 422, "verbose", "takes none"),
     ("cache hostile parameter", "GET", "/cache", {"params": {"\x1b[2J": "1"}}, 422, "query", "unknown parameter '\\x1b[2J'"),
     ("submit a query parameter", "POST", "/jobs?force=1", {"json": {"program": "gqa:ci"}}, 422, "force", "unknown query parameter"),
+    ("cache filter given twice", "GET", "/cache?hash=abcd&hash=ef01", {}, 422, "hash", "given more than once"),
+    ("json-like content type", "POST", "/jobs", {"content": b'{"program": "gqa:ci"}', "headers": {"content-type": "application/jsonx"}}, 415, "content-type", "expected application/json, got application/jsonx"),
 ]
 
 
