@@ -423,7 +423,7 @@ def _checked_hit(s: Session, w: Winner, asking: Program | None) -> Hit:
     program = asking or stored
     t = _codegen_target(w.target.name)
     order = order_of(program)
-    loaded = {c.id: _served(c, order, t) for c in rows}
+    loaded = {c.id: _served(c, order, t, program.name) for c in rows}
     best = loaded[w.candidate_id]
     if not (best.verdict and best.verdict.proved):
         raise _Refused("its kernel's stored verdict is not proved")
@@ -445,7 +445,7 @@ def _checked_kernel(signer: Signer, c: Candidate, workload: Workload) -> ResultC
     _check_mac(signer, f"candidate row {c.id}", candidate_fields(c, workload, c.target), c.mac)
     program = _stored_program(workload)
     t = _codegen_target(c.target.name)
-    served = _served(c, order_of(program), t)
+    served = _served(c, order_of(program), t, program.name)
     if served.verdict and served.verdict.proved:
         _prove_again(c, program, served, t)
     return served
@@ -493,17 +493,17 @@ def _canonical(c: ResultCandidate, order: Order, t: CostModelTarget) -> ResultCa
     return replace(c, sgraph=sg, cuda=code[0] if code else None, launch=code[1] if code else [])
 
 
-def _served(c: Candidate, order: Order, t: CostModelTarget) -> ResultCandidate:
-    """Row `c` (its MAC checked) as served to the program of `order`: its sGraph renamed for it,
-    and its CUDA, when the row has any, generated again from that sGraph."""
+def _served(c: Candidate, order: Order, t: CostModelTarget, program_name: str) -> ResultCandidate:
+    """Row `c` (its MAC checked) as served to the program of `order`, named `program_name`: its
+    sGraph renamed for it, and its CUDA, when the row has any, generated again from that sGraph."""
     try:
         stored = ResultCandidate.from_json(json.loads(c.data))
     except (SGraphError, KeyError, TypeError, ValueError) as e:
         raise _Refused(f"candidate row {c.id} does not load: {e}") from None
-    sg = from_canonical(stored.sgraph, order)
+    sg = from_canonical(stored.sgraph, order, program_name)
     if stored.cuda is None:
         return replace(stored, sgraph=sg, launch=[])
-    code = recheck.served_code(_row(c), order, sg, stored.params, t)
+    code = recheck.served_code(_row(c), (order, sg.name), sg, stored.params, t)  # kernel names hash sg.name
     if code is None:
         raise _Refused(f"candidate row {c.id}: no CUDA can be generated again from its sGraph")
     return replace(stored, sgraph=sg, cuda=code[0], launch=code[1])

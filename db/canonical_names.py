@@ -31,12 +31,15 @@ def to_canonical(sg: SGraph, order: Order) -> SGraph:
     return _rename(sg, {nid: f"${i}" for i, nid in enumerate(order)})
 
 
-def from_canonical(sg: SGraph, order: Order) -> SGraph:
-    """A stored `sg` with its canonical names made those of the program of `order`."""
-    return _rename(sg, {f"${i}": nid for i, nid in enumerate(order)})
+def from_canonical(sg: SGraph, order: Order, program_name: str | None = None) -> SGraph:
+    """A stored `sg` with its canonical names made those of the program of `order`, and its own
+    name that program's (`program_name`) with the stored name's suffix (`.searched`, `.unfused`):
+    a hit for `mm_bias_gelu` was called after `t0`, the program first searched."""
+    name = f"{program_name}.{sg.name.rsplit('.', 1)[1]}" if program_name and "." in sg.name else None
+    return _rename(sg, {f"${i}": nid for i, nid in enumerate(order)}, name)
 
 
-def _rename(sg: SGraph, names: Mapping[str, str]) -> SGraph:
+def _rename(sg: SGraph, names: Mapping[str, str], name: str | None = None) -> SGraph:
     tensors = {d.id for d in sg.inputs} | {t for k in sg.kernels for t in k.outputs}
     targets = set(names.values())
     taken = tensors | targets
@@ -47,4 +50,4 @@ def _rename(sg: SGraph, names: Mapping[str, str]) -> SGraph:
             n += 1
         clashes[t] = f"{t}_{n}"
         taken.add(clashes[t])
-    return renamed(sg, {**names, **clashes})
+    return renamed(sg, {**names, **clashes}, name)

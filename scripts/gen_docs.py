@@ -301,7 +301,9 @@ def python_reference() -> str:
            _text(api.optimize.__doc__), "", "It raises:", "",
            "- `superopt.ProgramError`: the program is not valid (the message names the node and the problem).",
            f"- `ValueError`: a budget out of range (`budget_s` greater than 0 and at most {limits.MAX_BUDGET_S:g} s, "
-           f"`max_states` from 1 to {limits.MAX_STATES:,}; `None`: no limit).",
+           f"`max_states` from 1 to {limits.MAX_STATES:,}; `None`: no limit), `workers` below 1, or a value of "
+           "the wrong type; `SearchConfig` raises it for a bound out of its range (the ranges "
+           "[`superopt optimize`](cli.md#superopt-optimize) lists).",
            f"- `{api.NoCandidate.__module__}.NoCandidate`: {_text(api.NoCandidate.__doc__)}",
            f"- `{errors.ClusterUnreachable.__module__}.ClusterUnreachable`: {_text(errors.ClusterUnreachable.__doc__)}"]
     out += _class_section(program.Program, "superopt.Program", _text(program.__doc__).split("\n\n")[0])

@@ -242,11 +242,15 @@ def import_(
 @user_errors
 def run(
     spec: Annotated[str, typer.Argument(help="built-in workload or program JSON file")],
-    sgraph: Annotated[str, typer.Option(help="sGraph JSON file, or 'reference' / 'baseline'")] = "reference",
+    sgraph: Annotated[str | None, typer.Option(
+        help="sGraph JSON file or result report, 'reference', 'baseline', or 'winner' (the optimizer's, from the "
+             "kernel cache, else searched as `superopt optimize` does) [default: reference for a built-in "
+             "workload, else baseline]", show_default=False)] = None,
     params: Annotated[str, typer.Option(help="symbol values, e.g. gx=8,F=4 (default: the cost model's best, as "
-                                             "`export` takes)")] = "",
+                                             "`export` takes; a winner's own)")] = "",
     target: Annotated[str, _target_option("target whose limits the parameters must meet")] = DEFAULT_TARGET,
     seed: Annotated[int, typer.Option(min=0, max=2**32 - 1, help="seed of the random inputs")] = 0,
+    db: DbOption = None,
     as_json: Annotated[bool, typer.Option("--json")] = False,
 ) -> None:
     """Run an sGraph in the interpreter; print its max relative error against the float64 reference."""
@@ -254,10 +258,18 @@ def run(
     from superopt.reference import inputs_and_reference, max_rel_err
 
     program = load_program(spec)
-    sg = load_sgraph(sgraph, program, spec)
-    check_matches(sg, program)
     tgt = resolve_target(target).target
-    inst = instantiate(sg, parse_params(params) if params else _best_params(sg, tgt), tgt)
+    chosen: dict[str, int] | None = parse_params(params) if params else None
+    if sgraph == "winner":
+        from superopt.api import optimize as run_optimize
+
+        with search_progress(err, DEFAULT_BUDGET_S) as progress:
+            best = run_optimize(program, target=target, db=db, progress=progress).best
+        sg, chosen = best.sgraph, chosen or best.params
+    else:
+        sg = load_sgraph(sgraph or ("reference" if workloads.is_builtin(spec) else "baseline"), program, spec)
+    check_matches(sg, program)
+    inst = instantiate(sg, chosen or _best_params(sg, tgt), tgt)
     inputs, refs = inputs_and_reference(program, seed)
     outs = run_float(inst, inputs)
     errs = [max_rel_err(o, r) for o, r in zip(outs, refs, strict=True)]

@@ -41,7 +41,7 @@ from superopt.db.models import Candidate as CandidateRow
 from superopt.db.models import Job, Winner, Workload
 from superopt.instantiate import instantiate
 from superopt.program import Program
-from superopt.sgraph import SGraph
+from superopt.sgraph import SGraph, renamed
 from superopt.targets import target
 from superopt.worker import resolve_fingerprint
 
@@ -115,6 +115,7 @@ def standin_result(program: Program, target_name: str = "h100", *, proved: bool 
     """Estimated on the named target (h100 for "auto"), keyed as a worker keys the job's target."""
     name = "h100" if target_name == "auto" else target_name
     ref = workloads.split_name(program.name)[0].reference(program)
+    ref = renamed(ref, {}, f"{program.name}.{ref.name.rsplit('.', 1)[1]}")  # named for its program, as a hit is
     best = _candidate(ref, name, verdict_of(program, ref, name) if proved else Verdict())
     baseline = _candidate(unfused_baseline(program), name, None)
     fl = floor(program, target(name))

@@ -296,8 +296,8 @@ def test_one_winner_answers_every_naming_of_its_program(db):
 
     cache = KernelCache(db)
     p = workloads.resolve("rmsnorm_matmul:ci")
-    q = _renamed(p, {"X": "A", "W": "B", "O": "Out", "rms_norm_1": "n"})
-    assert q.canonical_hash() == p.canonical_hash()
+    q = _renamed(p, {"X": "A", "W": "B", "O": "Out", "rms_norm_1": "n", p.name: "another.block"})
+    assert q.canonical_hash() == p.canonical_hash() and q.name == "another.block"
     cache.store(optimize(p, target="h100", cache=False, reuse=False))  # what `optimize` stores
     cache.store(optimize(q, target="h100", cache=False, reuse=False, force=True))
     [entry] = cache.entries()
@@ -308,5 +308,7 @@ def test_one_winner_answers_every_naming_of_its_program(db):
         hit = clean(cache, program)
         names = {n.id for n in program.inputs}
         assert hit.program is program and {d.id for d in hit.best.sgraph.inputs} == names
+        # named for the program asking, not the one whose search stored it
+        assert (hit.best.sgraph.name, hit.baseline.sgraph.name) == (f"{program.name}.searched", f"{program.name}.unfused")
         assert hit.best.cuda is not None and set(hit.best.launch[0]["args"]) & {"X", "W", "A", "B"} == names
         assert verify(program, hit.best.sgraph, target=TARGETS["h100"]).proved

@@ -125,6 +125,24 @@ def test_run_reports_error_against_reference():
     assert out["ok"] and 0 < out["max_rel_err"] < 1e-2
 
 
+def test_run_takes_the_winner_and_a_program_file_runs_its_baseline_by_default(tmp_path, monkeypatch):
+    """`run prog.json` failed for every program file (its default sGraph was 'reference', which
+    only built-ins have), and the optimizer's winner could not be run without an sGraph file."""
+    monkeypatch.setenv("SUPEROPT_CACHE_DIR", str(tmp_path))
+    p = Program("gelu_bias")
+    p.output(p.op("gelu", p.op("add", p.input("X", (8, 32), "f32"), p.input("B", (1, 32), "f32")), name="O"))
+    f = tmp_path / "gelu_bias.json"
+    f.write_text(p.dumps())
+    baseline = json.loads(invoke("run", str(f), "--json", "--seed", "3").stdout)
+    assert baseline["sgraph"] == "gelu_bias.unfused" and baseline["ok"] and baseline["params"] == {}
+    res = invoke("run", str(f), "--sgraph", "winner", "--target", "h100", "--json", "--seed", "3")
+    assert res.exit_code == 0, res.output
+    winner = json.loads(res.stdout)
+    assert winner["sgraph"] == "gelu_bias.searched" and winner["ok"] and 0 < winner["max_rel_err"] < 1e-5
+    report = json.loads(invoke("optimize", str(f), "--target", "h100", "--json").stdout)  # the same winner
+    assert report["cache_hit"] and report["best"]["params"] == winner["params"]
+
+
 def test_run_with_broken_constraint_names_it():
     res = invoke("run", "gqa:ci", "--params", "F=3,gx=2,gy=2,gz=2,hx=1,hy=4")
     assert res.exit_code == 2
