@@ -767,6 +767,7 @@ def serve(
 
     database = open_database(db)
     signer_for_url(database.url)  # a key that cannot be trusted stops the service here, not at each request
+    _check_listen(host, port)
     if not token and host not in ("127.0.0.1", "localhost", "::1"):
         err.print(f"warning: serving on {host} without {TOKEN_ENV}: anyone who reaches it can submit jobs")
     named = [h.strip() for value in allowed_host or [] for h in value.split(",") if h.strip()]
@@ -776,6 +777,20 @@ def serve(
                       body_timeout_s=body_timeout_s)
     logging.getLogger("uvicorn.access").addFilter(HiddenTokens())
     uvicorn.run(service, host=host, port=port)
+
+
+def _check_listen(host: str, port: int) -> None:
+    """Refuse an address `serve` cannot listen on (a port in use, a host that is none of this
+    machine's) in one line, before uvicorn logs its own failure and exits 3."""
+    import socket
+
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+        with socket.socket(family, kind, proto) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
+            probe.bind(address)
+    except OSError as e:
+        raise RequestError("serve", f"cannot listen on {host}:{port}: {e.strerror or e}") from None
 
 
 @app.command()

@@ -378,3 +378,17 @@ def test_optimize_refuses_an_output_path_it_cannot_write_before_searching(tmp_pa
         res = invoke("optimize", "ntrans:ci", "--target", "h100", option, str(path))
         assert res.exit_code == 2 and res.stderr == f"error: cannot write {path}: {why}\n", res.output
     assert not (tmp_path / "cache").exists()  # no search ran, no cache was opened
+
+
+def test_serve_refuses_an_address_it_cannot_listen_on_in_one_line(tmp_path):
+    """A port in use, or a host that is no address of this machine, printed uvicorn's log lines and
+    exited 3."""
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        res = invoke("serve", "--port", str(port), "--db", str(tmp_path / "s.db"))
+    assert res.exit_code == 2 and res.stderr == f"error: serve: cannot listen on 127.0.0.1:{port}: Address already " \
+        "in use\n", res.output
