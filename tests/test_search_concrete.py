@@ -58,11 +58,11 @@ def test_concrete_grids_split_what_a_tile_divides_within_the_axis_limit():
 
 
 def test_concrete_search_splits_independent_projections_side_by_side(h100):
-    """`--concrete` had no side-by-side axis: (X @ W0, X @ W1) fused otherwise (2.712 us against
-    the symbolic search's 2.700 at X (16, 64); at X (16, 1024) not at all: 5.519 us, the library
-    matmuls, against 5.150). Its grids now include one axis over the columns of both weights
-    (classes of one input each, of one extent, no two of one input), as Mirage's per-input maps
-    allow."""
+    """`--concrete` had no side-by-side axis: (X @ W0, X @ W1) fused otherwise (2.712 us at X
+    (16, 64); at X (16, 1024) not at all: 5.519 us, the library matmuls, against 5.150). Its grids
+    now include one axis over the columns of both weights (classes of one input each, of one
+    extent, no two of one input), as Mirage's per-input maps allow: 2.700 us (the symbolic search,
+    whose grid sizes are any divisor, 2.679 over 256 blocks)."""
     from superopt.search.kernel import concrete_tilings
 
     specs = [InputSpec(0, (16, 64), ("inp", "X"), (0, 1)), InputSpec(1, (64, 64), ("inp", "W0"), (1, 2)),
@@ -75,7 +75,7 @@ def test_concrete_search_splits_independent_projections_side_by_side(h100):
     symbolic = run_search(p, h100, SearchConfig(max_kernel_ops=1))
     concrete = run_search(p, h100, SearchConfig(max_kernel_ops=1, concrete=True))
     assert concrete.best.verdict.proved
-    assert concrete.best.best.estimate.time_s == symbolic.best.best.estimate.time_s
+    assert symbolic.best.best.estimate.time_s <= concrete.best.best.estimate.time_s < 2.712e-6
     (kernel,) = concrete.best.sgraph.kernels
     side = [a for a in range(len(kernel.block.grid)) if all(i.imap[a] == 1 for i in kernel.block.inputs[1:])]
     assert len(side) == 1 and kernel.block.inputs[0].imap[side[0]] is None  # X whole in every block

@@ -33,7 +33,7 @@ def test_a_large_search_finds_a_deeper_winner_in_small_block_graphs_first(h100, 
     assert probed.stats.depth == 1
     assert probed.stats.states < 80_100  # the probe's count (a shard's first state is counted before the check)
     assert probed.best.verdict.proved and len(probed.best.sgraph.kernels) == 3
-    assert probed.best.best.estimate.time_us < ref_us - 4  # 11.66 against 15.86 us
+    assert probed.best.best.estimate.time_us < ref_us - 3  # 11.66 against 14.79 us
     assert "probe" in {e["phase"] for e in events}  # the progress display says so
     found = [e for e in events if e["phase"] == "found"]
     assert found[-1]["states"] < 40_000  # before the one-kernel search ended

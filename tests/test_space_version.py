@@ -47,6 +47,7 @@ NOT_SPACE = {
     "_SEARCHERS": "a worker process's state",
     "MAX_BODY_BYTES": "the service's request limits", "BODY_TIMEOUT_S": "the service's request limits",
     "LEASE_S": "how a worker holds a job", "POLL_S": "how a worker holds a job",
+    "MAX_LEASE_S": "how a worker holds a job", "MAX_ROWS": "how much of the cache a listing shows",
     "DB_RETRY_S": "how long a worker waits for its database",
 }
 

@@ -159,6 +159,35 @@ def test_compile_without_a_gpu_runs_eager_and_says_so_once(tmp_path, caplog, mon
         compiled(x[:8])
 
 
+class _Scaled(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.randn(64, 64, generator=torch.Generator().manual_seed(5)) / 8)
+
+    def forward(self, x: torch.Tensor, scale: float = 2.0) -> torch.Tensor:
+        return (x @ self.w) * scale
+
+
+@pytest.mark.parametrize("device", ["gpu", "no gpu"])
+def test_a_call_setting_an_argument_the_examples_did_not_give_is_refused(tmp_path, monkeypatch, device):
+    """forward(x, scale=2.0) compiled from (x,): the program was traced with scale 2, and a call
+    with scale 3 ran the kernels anyway (the answer for 2, on the kernel path). Refused, on every
+    path alike; the traced call runs."""
+    (fake_gpu if device == "gpu" else no_gpu)(monkeypatch)
+    model = _Scaled()
+    x = torch.randn(8, 64, generator=torch.Generator().manual_seed(6))
+    compiled = superopt.compile(model, (x,), search=True, target="h100", budget_s=60,
+                                db=f"sqlite:///{tmp_path / 'cache.db'}")
+    assert (compiled.path.kernels is not None) == (device == "gpu")  # on a GPU the kernels would run
+    for call in (lambda: compiled(x, 3.0), lambda: compiled(x, scale=0.0)):
+        with pytest.raises(TypeError, match=r"_Scaled was compiled for 1 tensor arguments, got 2 \('scale' too: "
+                                            r"the program was traced with their defaults"):
+            call()
+    if device == "no gpu":  # the traced call runs (eager here: no GPU)
+        with torch.no_grad():
+            torch.testing.assert_close(compiled(x), model(x))
+
+
 def test_on_a_gpu_compile_runs_the_proved_kernels_on_the_callers_tensors(tmp_path, monkeypatch):
     """The searched, proved winner runs on the caller's tensors: the device program's input
     buffers are the argument and the module's parameters themselves (a transposed weight is a

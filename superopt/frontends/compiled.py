@@ -43,9 +43,14 @@ class CompiledModel:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         given = _positional(self.__signature__.bind(*args, **kwargs))
-        if len(given) < len(self.examples):
+        if len(given) != len(self.examples):
+            # An argument the examples did not give (a scale, a flag, an optional tensor) was traced
+            # at its default: the program computes that, so a call that sets it cannot run it.
+            extra = f" ({', '.join(repr(n) for n, _ in given[len(self.examples):])} too: the program was traced " \
+                "with their defaults; compile with them among the example inputs)" if len(given) > len(self.examples) \
+                else ""
             raise TypeError(f"{self.program.name} was compiled for {len(self.examples)} tensor arguments, "
-                            f"got {len(given)}")
+                            f"got {len(given)}{extra}")
         tensors = [got for _, got in given[: len(self.examples)]]
         for (name, got), want in zip(given, self.examples, strict=False):
             if not isinstance(got, torch.Tensor) or got.shape != want.shape or got.dtype != want.dtype:
