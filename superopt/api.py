@@ -217,6 +217,7 @@ def _result(program: Program, choice: TargetChoice, outcome: Outcome) -> Result:
         raise NoCandidate(f"{program.name}: not even the unfused baseline could be verified ({why})")
     candidates: list[Candidate] = []
     winner: Candidate | None = None
+    no_code: list[str] = []  # proved candidates no CUDA can be generated for (a tile of rank 5)
     for v in ordered:
         c = _candidate(v.sgraph, v.best.params, v.best.estimate, v.verdict)
         candidates.append(c)
@@ -227,15 +228,22 @@ def _result(program: Program, choice: TargetChoice, outcome: Outcome) -> Result:
             t0 = time.monotonic()
             final = v.verdict if v is baseline else verify_at(program, v.sgraph, v.best.params, v.verdict, target=t)
             outcome.stats.final_check_s += time.monotonic() - t0
-            if final.proved:
-                c.verdict = final
-                winner = c
+            if not final.proved:
+                continue
+            # A winner is CUDA to run: one its kernels cannot be generated for gives way to the next.
+            problem = _attach_cuda(c, t)
+            if problem is not None:
+                no_code.append(f"{v.sgraph.name}: {problem}")
+                continue
+            c.verdict = final
+            winner = c
     if winner is None:
-        raise NoCandidate(f"{program.name}: no candidate passed verification at its real shapes")
+        raise NoCandidate(f"{program.name}: no candidate passed verification at its real shapes"
+                          + (f" and generates CUDA ({no_code[0]})" if no_code else ""))
     base = next(c for c in candidates if c.sgraph is baseline.sgraph)
     if choice.measured:
         winner = _measure(program, t, candidates, base)
-    _attach_cuda(winner, t)
+        _attach_cuda(winner, t)
     floor = costmodel.floor(program, t)
     return Result(
         program=program, target=t.name, measured=choice.measured, search=outcome.stats, best=winner,
@@ -249,20 +257,23 @@ def _candidate(sg: SGraph, params: dict[str, int], est: costmodel.Estimate, verd
                      estimated_us=est.time_us)
 
 
-def _attach_cuda(c: Candidate, t: Target) -> None:
+def _attach_cuda(c: Candidate, t: Target) -> str | None:
+    """Give `c` its CUDA source and launches; why none can be generated, or None."""
     from superopt.codegen import CodegenError, generate
     from superopt.instantiate import instantiate
 
     try:
         prog = generate(instantiate(c.sgraph, c.params, t))
-    except CodegenError:
-        return
+    except CodegenError as e:
+        return str(e)
     c.cuda, c.launch = prog.source, prog.launch_json()
+    return None
 
 
 def _measure(program: Program, t: Target, candidates: list[Candidate], base: Candidate) -> Candidate:
     """Time the best few candidates (and the baseline) as generated CUDA; the fastest correct one
     wins. A candidate whose kernels are wrong on the device is dropped, never returned."""
+    from superopt.codegen import CodegenError
     from superopt.runtime.measure import IncorrectKernel, measure
     from superopt.search.driver import CONTENDERS  # the search proves at least these
 
@@ -272,7 +283,7 @@ def _measure(program: Program, t: Target, candidates: list[Candidate], base: Can
             continue
         try:
             m = measure(program, c.sgraph, c.params, t)
-        except IncorrectKernel:
+        except (IncorrectKernel, CodegenError):  # wrong on the device, or no CUDA to run
             continue
         c.time_us, c.time_source = m.median_us, "measured"
         timed.append(c)

@@ -217,3 +217,42 @@ def test_a_softmax_over_a_transposed_products_columns_runs_correctly():
     for seed, prog in enumerate(progs, start=11):
         inputs = random_inputs(p, seed)
         assert max_rel_err(runner.run(prog, inputs)[0], evaluate(p, inputs)[0]) <= dtype("f32").tolerance
+
+
+def _grouped_query_heads() -> Program:
+    """Grouped-query attention as `torch.export` gives it (4 query heads share 2 KV heads): the
+    scores of a KV head's 2 query heads reshaped to rank 5 for their softmax."""
+    p = Program("gqa_heads")
+    x = p.input("X", (16, 64), "f16")
+
+    def heads(w: str, cols: int, n: int):  # (1, n, 16, 16): the projection's heads
+        proj = p.op("matmul", x, p.input(w, (64, cols), "f16"))
+        return p.op("transpose", p.op("reshape", proj, shape=[1, 16, n, 16]), perm=[0, 2, 1, 3])
+
+    q, k, v = heads("Wq", 64, 4), heads("Wk", 32, 2), heads("Wv", 32, 2)
+    kt = p.op("transpose", p.op("reshape", k, shape=[1, 2, 1, 16, 16]), perm=[0, 1, 2, 4, 3])
+    scores = p.op("matmul", p.op("reshape", q, shape=[1, 2, 32, 16]), p.op("reshape", kt, shape=[1, 2, 16, 16]))
+    probs = p.op("softmax", p.op("mul", p.op("reshape", scores, shape=[1, 2, 2, 16, 16]), 0.25), dim=-1)
+    out = p.op("matmul", p.op("reshape", probs, shape=[1, 2, 32, 16]), v)
+    p.output(p.op("reshape", out, shape=[1, 4, 16, 16], name="O"))
+    return p
+
+
+@pytest.mark.skipif(runner.gxx() is None, reason="g++ is not on PATH: the CPU harness needs it")
+def test_a_winner_with_tiles_of_rank_5_generates_and_runs_correctly(h100):
+    """Grouped-query attention from PyTorch: its fused winner (1.6x) has rank-5 tiles, which code
+    generation refused (at most 4), so `export --cuda` failed and a GPU search crashed on a proved
+    winner. Tiles of any program rank are generated; the kernel runs right in the CPU harness."""
+    p = _grouped_query_heads()
+    best = run_search(p, h100, SearchConfig(), budget_s=120).best
+    assert best.verdict.proved and not best.sgraph.name.endswith(".unfused")
+    inst = instantiate(best.sgraph, best.best.params, H100)
+    assert max(len(inst.tile(k.id, t)) for k in best.sgraph.kernels if isinstance(k, GraphKernel)
+               for t in best.sgraph.info.blocks[k.id].shapes) == 5
+    prog = generate(inst)
+    for seed in (11, 12):
+        inputs = random_inputs(p, seed)
+        [got] = runner.run(prog, inputs)
+        assert max_rel_err(got, evaluate(p, inputs)[0]) <= dtype("f16").tolerance, seed
+    if nvcc_path() is not None:
+        assert all(not r.spills for r in compile_report(prog.source))

@@ -181,3 +181,21 @@ def test_optimize_command_line_summary():
     res = CliRunner().invoke(app, ["optimize", "ntrans:ci", "--target", "h100", "--no-cache"])
     assert res.exit_code == 0, res.output
     assert "verdict: PROVED" in res.stdout and "speedup over the unfused baseline" in res.stdout
+
+
+def test_a_winner_no_cuda_can_be_generated_for_gives_way_to_the_next(monkeypatch):
+    """A proved winner whose kernels code generation refuses was returned without CUDA (and a
+    search on a GPU crashed timing it): the next proved candidate that generates is the winner."""
+    import superopt.codegen as codegen
+
+    generate = codegen.generate
+
+    def refusing(inst):  # type: ignore[no-untyped-def]
+        if not inst.sgraph.name.endswith(".unfused"):
+            raise codegen.CodegenError("kernel k0: refused for this test")
+        return generate(inst)
+
+    monkeypatch.setattr(codegen, "generate", refusing)
+    result = optimize(workloads.resolve("rmsnorm_matmul:ci"), target="h100", cache=False, reuse=False)
+    assert result.best.sgraph.name.endswith(".unfused") and result.best.cuda is not None
+    assert result.best.verdict.proved and result.speedup == 1.0

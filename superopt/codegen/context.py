@@ -36,9 +36,6 @@ class KernelContext:
         self.loop_var = "it"
         stored = [(t, st, self.tile(t)) for t, st in self.info.storage.items() if st is not None]
         self.slots: list[Slot] = smem_slots(stored)
-        for t in tiles:
-            if len(self.tile(t)) > 4:
-                raise CodegenError(f"kernel {k.id}: tile {t!r} has rank {len(self.tile(t))}; at most 4 is supported")
         for tensor in self.global_names:
             if get_dtype(sg.info.dtypes[tensor]).nbytes * math.prod(inst.shape(tensor)) >= 2**31:
                 raise CodegenError(f"kernel {k.id}: tensor {tensor!r} is too large for 32-bit indexing")
