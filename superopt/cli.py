@@ -46,7 +46,7 @@ from superopt.core.errors import ClusterUnreachable
 from superopt.db.errors import CacheIntegrityWarning, RequestError, StoreError
 from superopt.instantiate import InstantiationError, instantiate, parse_params
 from superopt.limits import LimitConfigError, printable, shown
-from superopt.loading import LoadError, kind_of, load_program, load_sgraph, read_json
+from superopt.loading import LoadError, kind_of, load_onnx, load_program, load_sgraph, read_json
 from superopt.ops import OpError
 from superopt.program import Program, ProgramError
 from superopt.render import render_program, render_sgraph
@@ -160,7 +160,7 @@ def programs(as_json: Annotated[bool, typer.Option("--json", help="machine-reada
 @app.command()
 @user_errors
 def show(
-    spec: Annotated[str, typer.Argument(help="built-in workload, program JSON file or sGraph JSON file")],
+    spec: Annotated[str, typer.Argument(help="built-in workload, program JSON or ONNX file, or sGraph JSON file")],
     reference: Annotated[bool, typer.Option(help="show the workload's hand-written fused sGraph")] = False,
     baseline: Annotated[bool, typer.Option(help="show the program's unfused baseline sGraph")] = False,
     params: Annotated[str, typer.Option(help="symbol values to print with an sGraph, e.g. gx=8,F=4")] = "",
@@ -174,7 +174,7 @@ def show(
 ) -> None:
     """Print a program or an sGraph, draw the sGraph as SVG, or write it as JSON (--sgraph-out)."""
     values = parse_params(params) if params else None
-    if Path(spec).is_file() and kind_of(read_json(spec)) == "sgraph":
+    if Path(spec).is_file() and not spec.endswith(".onnx") and kind_of(read_json(spec)) == "sgraph":
         if winner:
             raise LoadError("--winner goes with a program (a built-in workload or a program file), not an sGraph")
         sg = load_sgraph(spec, Program(), spec)
@@ -212,9 +212,9 @@ def show(
 
 @app.command()
 @user_errors
-def check(file: Annotated[str, typer.Argument(help="program JSON file")]) -> None:
+def check(file: Annotated[str, typer.Argument(help="program JSON file (or ONNX model file)")]) -> None:
     """Validate a program JSON file (finite at random inputs too) and print its canonical hash."""
-    program = Program.from_json(read_json(file))
+    program = load_onnx(file) if file.endswith(".onnx") else Program.from_json(read_json(file))
     check_defined(program)
     out.print(f"{program.canonical_hash()}  {program.name}", markup=False)
 

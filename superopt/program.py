@@ -428,6 +428,9 @@ def _load(data: Any) -> Program:
         attrs = e.get("attrs", {})
         if not isinstance(attrs, dict):
             raise ProgramError(f"node {nid!r}: 'attrs' must be an object")
+        if e.get("op") == "input" and ("inputs" in e or "attrs" in e):
+            field = "attrs" if "attrs" in e else "inputs"
+            raise ProgramError(f"node {nid!r} (input): an input has no {field!r} (its fields are shape and dtype)")
         entries[nid] = e
     order = _toposort(entries)
     p = Program(name)
@@ -435,9 +438,6 @@ def _load(data: Any) -> Program:
         e = entries[nid]
         attrs = dict(e.get("attrs", {}))
         if e.get("op") == "input":
-            if attrs:
-                raise ProgramError(f"node {nid!r} (input): an input has no attributes (its fields are shape and "
-                                   f"dtype), got {sorted(attrs)}")
             attrs = {"shape": e.get("shape"), "dtype": e.get("dtype")}
         node = _make_node(nid, e.get("op"), tuple(e.get("inputs", [])), attrs, p.nodes)
         if e.get("op") != "input":

@@ -106,6 +106,11 @@ def test_cli_import_and_optimize_an_onnx_file(tmp_path, monkeypatch):
     assert res.exit_code == 0, res.output
     report = json.loads(res.stdout)
     assert report["program"]["hash"] == program.canonical_hash() and report["best"]["verdict"]["egraph"] == "proved"
+    # show and check take the model as the other commands do (they read it as JSON: "not UTF-8 text")
+    res = runner.invoke(app, ["check", str(model)])
+    assert res.exit_code == 0 and res.stdout.split()[0] == program.canonical_hash(), res.output
+    res = runner.invoke(app, ["show", str(model)])
+    assert res.exit_code == 0 and res.stdout.startswith(f"program {program.name}  hash"), res.output
     onnx.save(mlp_model("Tanh"), tmp_path / "tanh.onnx")
     res = runner.invoke(app, ["import", str(tmp_path / "tanh.onnx")])
     assert res.exit_code == 2 and "unsupported op Tanh at" in res.output and "node 'last'" in res.output
