@@ -461,8 +461,8 @@ class KernelSearch:
             moves = self._library_moves(unordered, False, only=(n.op, tuple(held[i] for i in n.inputs)))
             yield from (nxt for nxt in moves if isinstance(k := nxt.kernels[-1], LibraryKernel)
                         and (k.op, k.inputs, k.attrs) == (n.op, args, dict(n.attrs)))
-        if n.op not in self.space.block_ops:
-            return
+        if n.op not in self.space.block_ops or any(not self.program.nodes[i].shape for i in held):
+            return  # (a 0-d tensor is no program input: a part cannot read one)
         part = Program(f"{self.program.name}.part")
         name = {i: s.tensors[k].id for i, k in held.items()}  # inputs: the tensors' ids; ops: the builder's
         for i in sorted({k: i for i, k in held.items()}.values(), key=held.__getitem__):  # a tensor once

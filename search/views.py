@@ -53,7 +53,9 @@ class ProgramViews:
         p = _pushed(self.original)
         names = {n.id for n in p.inputs}
         read = {i for n in p.topological() for i in n.inputs}
-        inputs = tuple(n for n in p.topological() if n.op in VIEWS and n.inputs[0] in names and n.id not in p.outputs)
+        # (a 0-d view stays: no program input has rank 0, a 0-d parameter imported from PyTorch)
+        inputs = tuple(n for n in p.topological() if n.op in VIEWS and n.inputs[0] in names and n.id not in p.outputs
+                       and n.shape)
         stored = names | {n.id for n in inputs} | {n.id for n in p.topological() if n.op == Op.CONST}
         transposed = {n.id for n in p.topological() if n.op == Op.TRANSPOSE}  # a reshape of one is a copy
         outputs = tuple((i, n) for i, o in enumerate(p.outputs) if (n := p.nodes[o]).op in VIEWS and o not in read

@@ -8,11 +8,14 @@ from search_helpers import graph_kernels
 from superopt import Program
 from superopt.build import unfused_baseline
 from superopt.config import SearchConfig
+from superopt.instantiate import instantiate
+from superopt.interpreter import run_float
 from superopt.program import Tensor
 from superopt.search.driver import Searcher, run_search
 from superopt.search.floors import Floors
 from superopt.search.kernel import KernelSearch
 from superopt.search.space import space_of
+from superopt.search.views import ProgramViews
 from superopt.sgraph import GraphKernel, LibraryKernel
 from superopt.verifier.oracle import Oracle
 
@@ -384,3 +387,20 @@ def test_layout_ops_stay_library_kernels(h100):
     outcome = run_search(p, h100, SearchConfig(), budget_s=60)
     assert outcome.best.verdict.proved
     assert any(isinstance(k, LibraryKernel) and k.op == "transpose" for k in outcome.best.sgraph.kernels)
+
+
+def test_a_zero_d_view_of_an_input_is_searched_in_place(h100):
+    """A 0-d parameter imported from PyTorch is a (1,) input reshaped to (): the search took the
+    reshape for a view of an input and declared a 0-d input, which no program has, and failed
+    ("'shape' must be a non-empty list"). It stays in the searched program; the schedule is right."""
+    from superopt.reference import evaluate, max_rel_err, random_inputs
+
+    p = Program("scalar_gate")
+    x, alpha = p.input("x", (8, 64), "f32"), p.input("alpha", (1,), "f32")
+    p.output(p.op("mul", p.op("sigmoid", p.op("mul", x, p.op("reshape", alpha, shape=[]))), x, name="O"))
+    assert ProgramViews(p).inputs == ()
+    best = run_search(p, h100, SearchConfig(), budget_s=60).best
+    assert best.verdict.proved
+    inputs = random_inputs(p, 4)
+    [got] = run_float(instantiate(best.sgraph, best.best.params, h100), inputs)
+    assert max_rel_err(got, evaluate(p, inputs)[0]) < 1e-6

@@ -112,6 +112,51 @@ def test_an_unsupported_op_is_named_with_its_source_line(module, op, line, why):
     assert op in str(e.value) and _line(module.forward, line) in str(e.value)
 
 
+def _max_values(x: torch.Tensor) -> torch.Tensor:
+    return torch.max(x, dim=-1).values * 2.0  # (values, indices): the indices unused
+
+
+def _same_dtype_cast(x: torch.Tensor) -> torch.Tensor:
+    return x.to(torch.float32) * 2.0  # a no-op on f32 (transformers' RMSNorm casts so)
+
+
+def _in_place_on_values(x: torch.Tensor) -> torch.Tensor:
+    h = x * 2.0
+    h += x
+    return h.mul_(0.5).relu_()
+
+
+@pytest.mark.parametrize("fn", [_max_values, _same_dtype_cast, _in_place_on_values])
+def test_forms_pytorch_writes_often_import_exactly(fn):
+    """torch.max(x, dim).values (its unused indices refused as 'output 1 is used'), a cast to the
+    dtype a tensor has ('no such op aten._assert_tensor_metadata'), in-place ops on values the
+    model computed ('no such op aten.add_'): imported, and computing what PyTorch computes."""
+    x = torch.randn(4, 64, generator=torch.Generator().manual_seed(8))
+    program = superopt.from_torch(fn, (x,))
+    (got,) = evaluate(program, {"x": x.double().numpy()})
+    np.testing.assert_allclose(got, fn(x.double()).numpy(), rtol=1e-12, atol=1e-15)
+
+
+class _WritesItsInput(nn.Module):
+    def forward(self, x):  # type: ignore[no-untyped-def]
+        x.mul_(2.0)
+        return x + 1.0
+
+
+def _branches(x: torch.Tensor) -> torch.Tensor:
+    return x * 2.0 if x.sum() > 0 else x
+
+
+def test_what_torch_export_cannot_make_pure_or_capture_is_one_program_error():
+    """A write to an input reached 'no such op aten.mul_' (never the message written for it), and
+    Python control flow on a tensor's value escaped as torch's own exception."""
+    x = torch.randn(4, 64)
+    with pytest.raises(ProgramError, match=r"_WritesItsInput: it writes x in place \(USER_INPUT_MUTATION\)"):
+        superopt.from_torch(_WritesItsInput(), (x,))
+    with pytest.raises(ProgramError, match=r"_branches: torch.export cannot capture it \(GuardOnDataDependentSymNode"):
+        superopt.from_torch(_branches, (x,))
+
+
 def grouped_scores(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
     """Each K head serves two query heads: broadcast over the group (no copy of K)."""
     b, kv, s, d = k.shape

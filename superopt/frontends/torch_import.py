@@ -81,7 +81,14 @@ def import_model(model: Model, example_inputs: torch.Tensor | Sequence[torch.Ten
     examples = example_tuple(example_inputs)
     module = model if isinstance(model, torch.nn.Module) else _Function(model)
     name = type(model).__name__ if isinstance(model, torch.nn.Module) else getattr(model, "__name__", "function")
-    exported = torch.export.export(module, examples, strict=False)
+    try:
+        # run_decompositions({}) only functionalizes: `h += x` on a value becomes an add, a write
+        # to an input or buffer an output spec (refused below), and no op is decomposed.
+        exported = torch.export.export(module, examples, strict=False).run_decompositions({})
+    except Exception as e:  # whatever the model's Python raised while traced
+        first = (str(e).strip().splitlines() or [""])[0]
+        raise ProgramError(f"{name}: torch.export cannot capture it ({type(e).__name__}: {first}); superopt "
+                           "imports what torch.export captures (no Python control flow on tensor values)") from e
     sig = exported.graph_signature
     changed = [s for s in sig.output_specs if s.kind != OutputKind.USER_OUTPUT]
     if changed:
