@@ -21,7 +21,7 @@ from superopt.core.result import Candidate as ResultCandidate
 from superopt.db.cache import kernel_problem, winner_problem, winners_in
 from superopt.db.engine import Database
 from superopt.db.integrity import job_fields, signer_for
-from superopt.db.models import Candidate, Job, Workload
+from superopt.db.models import Candidate, Job, JobState, Workload
 from superopt.db.recheck import generate_code
 from superopt.targets import target as costmodel_target
 
@@ -58,10 +58,11 @@ def audit(db: Database) -> Audit:
             if problems:
                 bad.append(BadRow("candidate", c.id, _program(wl), problems))
         signer = signer_for(s)
-        jobs = list(s.scalars(select(Job).where(Job.result.is_not(None)).order_by(Job.id)))
+        ended = [state.value for state in JobState if state.terminal]
+        jobs = list(s.scalars(select(Job).where(Job.result.is_not(None) | Job.state.in_(ended)).order_by(Job.id)))
         for j in jobs:
             if (problem := signer.problem(job_fields(j), j.result_mac)) is not None:
-                bad.append(BadRow("job", j.id, _program(workloads[j.workload_id]), [f"its result {problem}"]))
+                bad.append(BadRow("job", j.id, _program(workloads[j.workload_id]), [f"how it ended {problem}"]))
     return Audit(len(winners) + len(candidates) + len(jobs), bad)
 
 

@@ -5,7 +5,8 @@ plain sha256 beside a row is recomputed as easily as the row is edited. So every
 winner row carries an HMAC-SHA256 over the canonical JSON of all its columns (but its creation
 time) and of the rows whose fields a hit serves with it: the program and target it answers, and
 for a winner its job's result summary and the MACs of its kernel, its baseline and its ranked
-candidates. A job's result summary, which GET /jobs/{id} serves, is signed too (`job_fields`).
+candidates. How a job ended (its state, error and result summary, which GET /jobs/{id} serves)
+is signed too (`job_fields`).
 Each MAC covers the row's id, so no signed row can stand in for another.
 
 The key is not in the database: SUPEROPT_SECRET, else a random key in a file created 0600 beside
@@ -167,17 +168,23 @@ def winner_fields(w: Winner, summary: dict[str, Any] | None) -> dict[str, Any]:
 
 
 def set_job_result(s: Session, job: Job, result: dict[str, Any]) -> None:
-    """Store a job's result summary with its MAC (`job_fields`; the job has its id)."""
-    assert job.id is not None, "a job's result is signed with its id: flush the job first"
+    """Store a job's result summary with its MAC (`sign_job`)."""
     job.result = result
-    job.result_mac = signer_for(s).mac(job_fields(job))
+    sign_job(s, job)
 
 
 def job_fields(j: Job) -> dict[str, Any]:
-    """What a job's result MAC covers: the result summary served with the job, and what says
-    which job and program it answers."""
+    """What a job's MAC covers: how it ended (its state and error) and the result summary served
+    with it, and what says which job and program it answers. Signed when it ends (`jobs._end`):
+    an edit that fails a job with a message of the editor's choosing fails the MAC."""
     return {"table": "job", "id": j.id, "workload_id": j.workload_id, "config_hash": j.config_hash,
-            "cache_hit": bool(j.cache_hit), "result": j.result}
+            "cache_hit": bool(j.cache_hit), "result": j.result, "state": j.state, "error": j.error}
+
+
+def sign_job(s: Session, job: Job) -> None:
+    """Sign a job as it ends (`job_fields`; the job has its id)."""
+    assert job.id is not None, "a job is signed with its id: flush the job first"
+    job.result_mac = signer_for(s).mac(job_fields(job))
 
 
 def _workload(w: Workload) -> dict[str, Any]:

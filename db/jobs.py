@@ -43,7 +43,7 @@ from superopt.core.result import Result
 from superopt.db.cache import Hit, hit_in, progress_of, store_in, workload_in
 from superopt.db.engine import Database
 from superopt.db.errors import Conflict, NotFound, RequestError, stored_id
-from superopt.db.integrity import job_fields, set_job_result, signer_for
+from superopt.db.integrity import job_fields, set_job_result, sign_job, signer_for
 from superopt.db.keys import CacheKey
 from superopt.db.models import Job, JobState, utcnow
 from superopt.program import Program
@@ -204,7 +204,7 @@ class JobQueue:
             job = _job(s, job_id, lock=True)
             if JobState(job.state).terminal:
                 raise Conflict(f"job {job_id} has already finished ({job.state})")
-            _end(job, JobState.cancelled)
+            _end(s, job, JobState.cancelled)
             return _view(s, job)
 
     # -- workers -------------------------------------------------------------------------------
@@ -266,7 +266,7 @@ class JobQueue:
                 return None
             set_job_result(s, job, store_in(s, job, result))
             job.progress = progress_of(result)
-            _end(job, JobState.succeeded)
+            _end(s, job, JobState.succeeded)
             return _view(s, job)
 
     def finish_cached(self, claim: Claim, hit: Hit) -> JobView | None:
@@ -284,7 +284,7 @@ class JobQueue:
             if job is None:
                 return None
             job.error = error
-            _end(job, JobState.failed)
+            _end(s, job, JobState.failed)
             return _view(s, job)
 
     def release(self, claim: Claim) -> bool:
@@ -309,7 +309,7 @@ class JobQueue:
             if job.attempts >= job.max_attempts:
                 job.error = (f"gave up after {job.attempts} attempts: the worker running it "
                              f"({job.worker_id}) stopped renewing its lease")
-                _end(job, JobState.failed)
+                _end(s, job, JobState.failed)
             else:
                 for column, value in _queued().items():
                     setattr(job, column, value)
@@ -373,22 +373,26 @@ def _answer(s: Session, job: Job, hit: Hit) -> None:
     set_job_result(s, job, {**hit.summary, **({"input_names": names} if names else {})})
     job.progress = {"phase": "cache hit"}
     job.started_at = job.started_at or now
-    _end(job, JobState.succeeded)
+    _end(s, job, JobState.succeeded)
 
 
-def _end(job: Job, state: JobState) -> None:
+def _end(s: Session, job: Job, state: JobState) -> None:
+    """The job ended in `state`: signed as it ended (`integrity.job_fields`)."""
     job.state = state.value
     job.lease_expires_at = None
     job.finished_at = utcnow()
+    sign_job(s, job)
 
 
 def _view(s: Session, job: Job) -> JobView:
-    """The job as it is served: a result that fails its MAC (edited in the database, or written
-    before results were signed) is withheld, and its error says why."""
+    """The job as it is served: when how it ended fails its MAC (its state, error or result edited
+    in the database, or written before they were signed), its error and result are withheld, and
+    its error says why."""
     result, error = job.result, job.error
-    if result is not None and (problem := signer_for(s).problem(job_fields(job), job.result_mac)) is not None:
-        log.warning("job %s: its stored result %s; withheld", job.id, problem)
-        result, error = None, error or f"the stored result {problem}; withheld"
+    ended = JobState(job.state).terminal or result is not None
+    if ended and (problem := signer_for(s).problem(job_fields(job), job.result_mac)) is not None:
+        log.warning("job %s: how it ended %s; its error and result are withheld", job.id, problem)
+        result, error = None, f"how the job ended {problem}; its stored error and result are withheld"
     return JobView(
         id=job.id, state=JobState(job.state), program_name=job.workload.name, program_hash=job.workload.program_hash,
         target=job.target, config_hash=job.config_hash, budget_s=job.budget_s, max_states=job.max_states,

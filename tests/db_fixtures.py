@@ -82,7 +82,7 @@ def resign(db: Database) -> None:
             c.mac = signer.mac(candidate_fields(c, s.get_one(Workload, c.workload_id), c.target))
         for w in s.scalars(select(Winner)):
             w.mac = signer.mac(winner_fields(w, w.job.result))
-        for j in s.scalars(select(Job).where(Job.result.is_not(None))):
+        for j in s.scalars(select(Job).where(Job.result_mac.is_not(None))):
             j.result_mac = signer.mac(job_fields(j))
 
 

@@ -214,6 +214,39 @@ def test_an_edited_job_result_is_withheld_and_listed_by_cache_verify(db, url, ca
     assert queue.get(job_id).result == {**summary, "speedup": 1000.0}  # an insider with the key: signed
 
 
+@pytest.mark.parametrize("edit", [
+    {"state": "failed", "error": "forged: the kernel crashed the GPU"},
+    {"error": "forged note"},
+    {"state": "cancelled"},
+])
+def test_how_a_job_ended_cannot_be_edited_unnoticed(db, url, edit):
+    """A succeeded job edited to 'failed: forged' was served so (status, GET /jobs, watch exiting
+    1) and cache verify said none is bad: the state and error a job ended with are signed with its
+    result, and an edit withholds both, saying why; cache verify lists the job."""
+    stored(db)
+    queue = JobQueue(db)
+    with db.write() as s:
+        s.execute(update(Job).where(Job.id == 1).values(**edit))
+    view = queue.get(1)
+    assert view.result is None and "forged" not in (view.error or "")
+    assert view.error == "how the job ended fails its MAC (edited, or signed with another key); its stored error " \
+        "and result are withheld"
+    report = json.loads(runner.invoke(app, ["cache", "verify", "--db", url, "--json"]).stdout)
+    assert {(b["table"], b["id"]) for b in report["bad"]} == {("job", 1)}
+
+
+def test_a_job_that_ended_without_a_result_is_signed_too(db):
+    """A failed or cancelled job has no result, but how it ended is signed as well."""
+    queue = JobQueue(db)
+    program = workloads.resolve("ntrans:ci")
+    job = queue.submit(program, target="h100")
+    queue.cancel(job.id)
+    assert queue.get(job.id).state.value == "cancelled" and queue.get(job.id).error is None
+    with db.write() as s:
+        s.execute(update(Job).where(Job.id == job.id).values(error="forged"))
+    assert "fails its MAC" in (queue.get(job.id).error or "")
+
+
 def test_rows_written_before_rows_were_signed_are_misses(db):
     cache, program, _ = stored(db)
     cfg = alembic_config()
