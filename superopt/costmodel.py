@@ -19,6 +19,9 @@ Per kernel: time = launch overhead + max(DRAM time, compute time, loop-latency t
 The physical floor of a program is its inputs read once plus outputs written once over bandwidth,
 or its FLOPs over the tensor peak, whichever is larger.
 
+A change to what the model estimates raises `targets.MODEL_REVISION`: cached winners it ranked
+before answer no request after.
+
 The formulas run on numpy columns: an Instance whose values are columns (`assignment_table`)
 gets every assignment's estimate at once, which is how `rank` and `kernel_floors` use them;
 `estimate` is the same code on one instantiation.

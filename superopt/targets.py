@@ -59,7 +59,13 @@ def target(name: str) -> Target:
         raise TargetError(f"unknown target {name!r}; expected one of {', '.join(TARGETS)} or 'auto'") from None
 
 
+# The cost model's revision: raised with every change to what it estimates (superopt.costmodel), so
+# that a winner ranked by an older model answers no request (2: bytes in flight in whole sectors).
+MODEL_REVISION = 2
+
+
 def fingerprint(t: Target) -> str:
-    """Identity of a cost-model target in the cache key (a measured GPU has its own, from the
-    runtime: device name, compute capability, CUDA and CuPy versions)."""
-    return f"costmodel:{t.name}:bw={t.dram_bytes_per_s:.4g}:peak={t.tensor_flops:.4g}:sms={t.sms}"
+    """Identity of a cost-model target in the cache key: its figures and the model's revision (a
+    measured GPU has its own, from the runtime: device name, compute capability, CUDA and CuPy
+    versions)."""
+    return f"costmodel:{t.name}:bw={t.dram_bytes_per_s:.4g}:peak={t.tensor_flops:.4g}:sms={t.sms}:m{MODEL_REVISION}"

@@ -286,3 +286,21 @@ def test_database_urls(tmp_path, monkeypatch):
         resolve_url("sqlite://")
     with pytest.raises(StoreError, match=r"cannot open database postgresql\+psycopg://u:\*\*\*@127.0.0.1:9/d"):
         open_database("postgresql://u:secret@127.0.0.1:9/d?connect_timeout=2")
+
+
+def test_a_winner_an_older_cost_model_ranked_answers_no_request(db, monkeypatch):
+    """make demo served every row from a cache filled before the cost model changed (a :ci
+    winner at 2.700 us where the model now says 2.609): the model's revision is in the target
+    fingerprint, so such a winner is a miss and the program is searched again."""
+    from superopt import targets
+
+    program = workloads.resolve("rmsnorm_matmul:ci")
+    revision = targets.MODEL_REVISION
+    monkeypatch.setattr(targets, "MODEL_REVISION", revision - 1)
+    older = targets.fingerprint(TARGETS["h100"])
+    KernelCache(db).store(standin_result(program))
+    assert KernelCache(db).lookup(program, older) is not None
+    monkeypatch.setattr(targets, "MODEL_REVISION", revision)
+    current = targets.fingerprint(TARGETS["h100"])
+    assert current != older and current.endswith(f":m{targets.MODEL_REVISION}")
+    assert KernelCache(db).lookup(program, current) is None
