@@ -339,10 +339,15 @@ def _request_digest(program: Program, target: str, config: SearchConfig, budget_
 
 def _workers_auto(s: Session) -> str:
     """What "auto" meant to the worker that last claimed an "auto" job, else what it means here:
-    the service that answers a job from the cache need not run where the workers' GPUs are."""
+    the service that answers a job from the cache need not run where the workers' GPUs are. Not
+    a cost-model target of another revision of the model (`targets.MODEL_REVISION`): its winners
+    were ranked by a model that is no more."""
     q = (select(Job.target_fingerprint).where(Job.target == "auto", Job.target_fingerprint.is_not(None))
          .order_by(Job.id.desc()).limit(1))
-    return s.scalars(q).first() or resolve_fingerprint("auto")
+    claimed = s.scalars(q).first()
+    if claimed is None or (claimed.startswith("costmodel:") and claimed not in map(fingerprint, TARGETS.values())):
+        return resolve_fingerprint("auto")
+    return claimed
 
 
 def _fence(claim: Claim) -> tuple[Any, ...]:

@@ -137,6 +137,24 @@ def test_auto_at_submission_is_what_the_workers_resolved(db, monkeypatch):
     assert queue.submit(program).state is JobState.queued
 
 
+def test_auto_ignores_a_cost_model_fingerprint_of_an_older_model(db, monkeypatch):
+    """make demo's "auto" jobs were answered from winners an older cost model ranked: "auto" was
+    what the last worker resolved, the old fingerprint. One of another model revision is not
+    taken: this host's target is, and the program is searched again."""
+    from superopt.db import jobs
+
+    monkeypatch.setattr(jobs, "_auto_fingerprint", lambda: resolve_fingerprint("h100"))  # this host: no GPU
+    queue = JobQueue(db)
+    program = workloads.resolve("lora:ci")
+    queue.submit(program, target="h100")
+    run_one(Worker(db, optimize=optimize))  # h100 estimates cached, under this model's fingerprint
+    old_job = queue.submit(workloads.resolve("ntrans:ci"))
+    stale = resolve_fingerprint("h100").rsplit(":m", 1)[0]  # as fingerprints were before the revision
+    with db.write() as s:
+        s.get_one(Job, old_job.id).target_fingerprint = stale
+    assert queue.submit(program).state is JobState.succeeded  # "auto": this host's h100, a hit
+
+
 def test_a_job_waits_while_its_twin_runs_and_is_then_a_cache_hit(db):
     """Two workers used to search identical jobs at once, the later store replacing the earlier
     winner (whose job then named a kernel no longer cached). A job whose twin (same program,
