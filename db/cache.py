@@ -35,7 +35,7 @@ from superopt.db import recheck
 from superopt.db.canonical_names import Order, from_canonical, order_of, to_canonical
 from superopt.db.engine import Database
 from superopt.db.errors import CacheIntegrityWarning, NotFound, stored_id
-from superopt.db.integrity import Signer, candidate_fields, set_job_result, signer_for, winner_fields
+from superopt.db.integrity import Signer, candidate_fields, sign_job, signer_for, winner_fields
 from superopt.db.keys import CacheKey, check_hash_prefix, signature
 from superopt.db.models import Candidate, Job, JobState, Target, Winner, Workload, utcnow
 from superopt.digest import canonical_json
@@ -116,7 +116,8 @@ class KernelCache:
             )
             s.add(job)
             s.flush()
-            set_job_result(s, job, store_in(s, job, result))
+            job.result = store_in(s, job, result)
+            sign_job(s, job)  # it ended as it was recorded
             return job.result
 
     def entries(

@@ -167,12 +167,6 @@ def winner_fields(w: Winner, summary: dict[str, Any] | None) -> dict[str, Any]:
     }
 
 
-def set_job_result(s: Session, job: Job, result: dict[str, Any]) -> None:
-    """Store a job's result summary with its MAC (`sign_job`)."""
-    job.result = result
-    sign_job(s, job)
-
-
 def job_fields(j: Job) -> dict[str, Any]:
     """What a job's MAC covers: how it ended (its state and error) and the result summary served
     with it, and what says which job and program it answers. Signed when it ends (`jobs._end`):

@@ -43,7 +43,7 @@ from superopt.core.result import Result
 from superopt.db.cache import Hit, hit_in, progress_of, store_in, workload_in
 from superopt.db.engine import Database
 from superopt.db.errors import Conflict, NotFound, RequestError, stored_id
-from superopt.db.integrity import job_fields, set_job_result, sign_job, signer_for
+from superopt.db.integrity import job_fields, sign_job, signer_for
 from superopt.db.keys import CacheKey
 from superopt.db.models import Job, JobState, utcnow
 from superopt.program import Program
@@ -264,9 +264,9 @@ class JobQueue:
             job = _owned(s, claim)
             if job is None:
                 return None
-            set_job_result(s, job, store_in(s, job, result))
+            job.result = store_in(s, job, result)
             job.progress = progress_of(result)
-            _end(s, job, JobState.succeeded)
+            _end(s, job, JobState.succeeded)  # signed as it ends, its result with it
             return _view(s, job)
 
     def finish_cached(self, claim: Claim, hit: Hit) -> JobView | None:
@@ -375,7 +375,7 @@ def _answer(s: Session, job: Job, hit: Hit) -> None:
     now = utcnow()
     job.cache_hit = True
     names = input_names(hit.result.program, Program.from_json(json.loads(job.program_json)))
-    set_job_result(s, job, {**hit.summary, **({"input_names": names} if names else {})})
+    job.result = {**hit.summary, **({"input_names": names} if names else {})}
     job.progress = {"phase": "cache hit"}
     job.started_at = job.started_at or now
     _end(s, job, JobState.succeeded)

@@ -243,7 +243,8 @@ def _result(program: Program, choice: TargetChoice, outcome: Outcome) -> Result:
     base = next(c for c in candidates if c.sgraph is baseline.sgraph)
     if choice.measured:
         winner = _measure(program, t, candidates, base)
-        _attach_cuda(winner, t)
+        if winner.cuda is None:  # the measured winner need not be the estimated one
+            _attach_cuda(winner, t)
     floor = costmodel.floor(program, t)
     return Result(
         program=program, target=t.name, measured=choice.measured, search=outcome.stats, best=winner,
