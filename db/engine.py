@@ -270,12 +270,13 @@ def _switch_to_wal(cur: sqlite3.Cursor) -> None:
 
 def open_database(url: str | None = None, *, existing: bool = False) -> Database:
     """Open (and on first use create or upgrade) the database; a bad URL or an unreachable
-    server is a StoreError naming it. `existing`: a SQLite file named by `url` must exist already
-    (commands that only look up jobs or kernels: a mistyped path is not a new, empty database)."""
+    server is a StoreError naming it. `existing`: the SQLite file must exist already (commands
+    that only look up jobs or kernels: a mistyped path is not a new, empty database, and a
+    lookup on a fresh machine leaves no file behind)."""
     from superopt.db.migrate import upgrade
 
     resolved = resolve_url(url)
-    if existing and url and resolved.get_backend_name() == "sqlite" and not Path(str(resolved.database)).is_file():
+    if existing and resolved.get_backend_name() == "sqlite" and not Path(str(resolved.database)).is_file():
         raise StoreError(f"no database at {resolved.database} (nothing was queued or cached there)")
     try:
         db = Database(resolved)

@@ -11,14 +11,15 @@ import json
 import logging
 import sys
 import warnings
-from collections.abc import Callable
-from contextlib import closing
+from collections.abc import Callable, Iterator
+from contextlib import closing, contextmanager
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
 import typer
 from rich.console import Console
 from rich.table import Table
+from typer.core import TyperGroup
 
 from superopt import workloads
 from superopt.api import NoCandidate, check_defined, resolve_target
@@ -59,7 +60,40 @@ from superopt.targets import target as get_target
 
 HELP = ("Find, prove and time the fastest fused GPU schedules of tensor programs; serve them from a "
         "kernel cache, over HTTP and through job workers.")
-app = typer.Typer(no_args_is_help=True, add_completion=False, help=HELP)
+
+
+class Commands(TyperGroup):
+    """superopt's command groups: a usage error (an unknown option, a value of the wrong type,
+    a missing argument) is one `error:` line naming the command's --help, exit code 2, as every
+    other error of the input is (`user_errors`), not Typer's usage text and boxed message."""
+
+    def make_context(self, *args: Any, **kwargs: Any) -> Any:
+        with _one_line_usage_errors():
+            return super().make_context(*args, **kwargs)
+
+    def invoke(self, ctx: Any) -> Any:
+        with _one_line_usage_errors():
+            return super().invoke(ctx)
+
+
+# Click's, which Typer may carry a copy of: reached through the one Typer exports.
+_UsageError: type[Exception] = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "UsageError")
+
+
+@contextmanager
+def _one_line_usage_errors() -> Iterator[None]:
+    try:
+        yield
+    except _UsageError as e:
+        if type(e).__name__ == "NoArgsIsHelpError":
+            raise  # the help, printed already
+        usage: Any = e  # Click's: a message, the command's context, an exit code
+        where = f" (see '{usage.ctx.command_path} --help')" if usage.ctx is not None else ""
+        err.print(f"error: {usage.format_message().rstrip('.')}{where}", markup=False)
+        raise SystemExit(usage.exit_code) from None
+
+
+app = typer.Typer(cls=Commands, no_args_is_help=True, add_completion=False, help=HELP)
 # Piped output keeps whole table rows readable instead of Rich's 80-column default.
 _WIDTH = None if sys.stdout.isatty() else 160
 out = Console(highlight=False, soft_wrap=True, width=_WIDTH)
@@ -567,7 +601,7 @@ def cancel(job_id: Annotated[int, typer.Argument(help="job id")], db: DbOption =
     out.print(f"job {job.id} {job.state.value}")
 
 
-cache_app = typer.Typer(no_args_is_help=True,
+cache_app = typer.Typer(cls=Commands, no_args_is_help=True,
                         help="The kernel cache: list, show, export, invalidate and verify winners.")
 app.add_typer(cache_app, name="cache")
 

@@ -130,14 +130,18 @@ def _normalize_over_dim(shapes: Sequence[Shape], attrs: Mapping[str, Any]) -> Sh
     return shapes[0]
 
 
+NO_BROADCAST = "matmul does not broadcast: reshape a batch into rows to multiply it by one matrix"
+
+
 def _matmul(shapes: Sequence[Shape], attrs: Mapping[str, Any]) -> Shape:
     a, b = shapes
     if len(a) < 2 or len(b) < 2:
         raise OpError(f"matmul needs operands of rank >= 2, got {fmt_shape(a)} and {fmt_shape(b)}")
     if len(a) != len(b):
-        raise OpError(f"matmul operands must have the same rank, got {fmt_shape(a)} and {fmt_shape(b)}")
+        raise OpError(f"matmul operands must have the same rank, got {fmt_shape(a)} and {fmt_shape(b)} "
+                      f"({NO_BROADCAST})")
     if a[:-2] != b[:-2]:
-        raise OpError(f"matmul batch dimensions differ: {fmt_shape(a)} @ {fmt_shape(b)}")
+        raise OpError(f"matmul batch dimensions differ: {fmt_shape(a)} @ {fmt_shape(b)} ({NO_BROADCAST})")
     if a[-1] != b[-2]:
         raise OpError(f"matmul inner dimensions differ: {fmt_shape(a)} @ {fmt_shape(b)} ({a[-1]} vs {b[-2]})")
     return (*a[:-1], b[-1])

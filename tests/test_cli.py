@@ -392,3 +392,18 @@ def test_serve_refuses_an_address_it_cannot_listen_on_in_one_line(tmp_path):
         res = invoke("serve", "--port", str(port), "--db", str(tmp_path / "s.db"))
     assert res.exit_code == 2 and res.stderr == f"error: serve: cannot listen on 127.0.0.1:{port}: Address already " \
         "in use\n", res.output
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["optimize", "--bogus", "gqa:ci"], "error: No such option: --bogus (see 'superopt optimize --help')"),
+    (["optimize"], "error: Missing argument 'spec' (see 'superopt optimize --help')"),
+    (["status", "abc"], "error: Invalid value for 'job_id': Input should be a valid integer, unable to parse "
+                        "string as an integer (see 'superopt status --help')"),
+    (["nocmd"], "error: No such command 'nocmd' (see 'superopt --help')"),
+    (["cache", "ls", "--bogus"], "error: No such option: --bogus (see 'superopt cache ls --help')"),
+])
+def test_a_usage_error_is_one_error_line(args, message):
+    """An unknown option or a value of the wrong type printed Typer's usage text and a boxed
+    message: four lines or more, unlike every other error of the input."""
+    res = runner.invoke(app, args, prog_name="superopt")
+    assert res.exit_code == 2 and res.stderr.strip() == message and res.stdout == ""

@@ -74,6 +74,21 @@ def test_one_hash_prefix_rule_in_every_cache_command(tmp_path):
     assert invoke(db, "cache", "invalidate", "--hash", "abcd").stdout.strip() == "invalidated 0 cached winner(s)"
 
 
+def test_lookups_on_a_fresh_machine_make_no_database(tmp_path, monkeypatch):
+    """`superopt status 3` with no --db created ~/.cache/superopt/superopt.db to say "no job 3":
+    the default database is looked up, as a named one is, and made by the commands that write."""
+    monkeypatch.setenv("SUPEROPT_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv("SUPEROPT_DB_URL", raising=False)
+    default = tmp_path / "cache" / "superopt.db"
+    for args in (["status", "3"], ["cancel", "3"], ["cache", "ls"], ["cache", "show", "3"], ["cache", "verify"]):
+        res = runner.invoke(app, args)
+        assert res.exit_code == 2 and res.stderr.strip() == (
+            f"error: no database at {default} (nothing was queued or cached there)"), (args, res.output)
+        assert not default.exists(), args
+    assert runner.invoke(app, ["submit", "gqa:ci"]).exit_code == 0 and default.is_file()
+    assert runner.invoke(app, ["status", "1"]).exit_code == 0
+
+
 def test_user_errors_are_one_line_and_exit_2(tmp_path):
     db = str(tmp_path / "superopt.db")
     res = invoke(db, "status", "42")  # looking up names a database that is not there, and makes none

@@ -91,6 +91,9 @@ INVALID = [
     ("eps not positive", lambda d: d["nodes"].append({"id": "N", "op": "rms_norm", "inputs": ["Y"], "attrs": {"eps": 0}}), "attribute 'eps' of rms_norm must be > 0"),
     ("non-finite const", lambda d: d["nodes"].append({"id": "C", "op": "const", "attrs": {"value": float("inf")}}), "attribute 'value' of const must be a finite number"),
     ("matmul rank 1", lambda d: _node(d, "X").update(shape=[8]), "matmul needs operands of rank >= 2"),
+    ("matmul of a batch by a matrix", lambda d: _node(d, "X").update(shape=[3, 4, 8]),
+     "node 'Y' (matmul): matmul operands must have the same rank, got (3, 4, 8) and (8, 6) (matmul does not "
+     "broadcast: reshape a batch into rows to multiply it by one matrix)"),
     ("nodes not a list", lambda d: d.update(nodes={}), "'nodes' must be a non-empty list"),
     ("node not an object", lambda d: d["nodes"].append(3), "nodes[5] must be an object"),
     ("empty id", lambda d: _node(d, "E").update(id=""), "nodes[3]: 'id' '' is not a valid name: a name is 1 to 64 characters"),
