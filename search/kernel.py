@@ -48,6 +48,7 @@ from superopt.config import (
     SearchConfig,
 )
 from superopt.dimclasses import input_classes
+from superopt.dtypes import dtype as get_dtype
 from superopt.object_cache import BoundedDict, ObjectCache
 from superopt.ops import Op
 from superopt.program import Node, Program, Tensor
@@ -117,6 +118,11 @@ class KernelSearch:
         self._reshapes = {(self.oracle.class_of(self.floors.values[n.inputs[0]][0]), self.floors.values[n.inputs[0]][1],
                            n.size_shape): self.floors.values[n.id][1]
                           for n in self.program.topological() if n.op == Op.RESHAPE}
+        # The e-classes of the program's own values: what a tensor stored between kernels in a
+        # dtype narrower than f32 may hold (`_overflows`).
+        self._narrow = min(get_dtype(n.dtype or "f32").nbytes for n in self.program.inputs) < 4
+        self._own = {self.oracle.class_of(ae) for n, (ae, _) in self.floors.values.items()
+                     if self.program.nodes[n].op != Op.CONST}
         runs = chain_runs(self.program)
         self._run_of = {n.id: k for k, run in enumerate(runs) for n in run}  # program node -> its chain
         self._inner_nodes = {n.id for run in runs for n in run[:-1]}
@@ -598,7 +604,7 @@ class KernelSearch:
                             continue  # no prover rule moves a reshape: one of another value is never proved
                         classes = reshaped
                     if not self.oracle.contains(ae) or self._gen.inner(ae) or \
-                            self._repeats(s, ae, shape, None, classes):
+                            self._repeats(s, ae, shape, None, classes) or self._overflows(ae, None):
                         self.pruned += 1
                         continue
                     if final and not self._completes(missing, [(ae, shape, classes)]):
@@ -696,7 +702,8 @@ class KernelSearch:
                         key = (max(subset), subset, 1, _signature(res.kernel))
                         if key <= s.last_key:
                             continue
-                        if any(self._repeats(s, t.ae, t.shape, t.chunk, t.classes) for t in outputs):
+                        if any(self._repeats(s, t.ae, t.shape, t.chunk, t.classes) or self._overflows(t.ae, t.chunk)
+                               for t in outputs):
                             self.pruned += 1
                             continue
                         yield KState((*s.tensors, *outputs), (*s.kernels, res.kernel), key, s.graph_kernels + 1)
@@ -758,7 +765,8 @@ class KernelSearch:
                 shapes = _kernel_shapes(self.program, s, res.kernel)
                 new = [KTensor(tid, shapes[tid], block.tiles[tile].ae, block.tiles[tile].pdims, chunk)
                        for tid, tile, chunk in res.outputs]
-                if any(self._repeats(s, t.ae, t.shape, t.chunk, t.classes) for t in new):
+                if any(self._repeats(s, t.ae, t.shape, t.chunk, t.classes) or self._overflows(t.ae, t.chunk)
+                       for t in new):
                     continue
                 if final and not self._completes(missing, [(t.ae, t.shape, t.classes) for t in new if t.chunk is None]):
                     continue
@@ -800,6 +808,16 @@ class KernelSearch:
         for state in self._gen.program_graphs(self._gen.start(specs), program, tiles):
             self._tick()
             yield state
+
+    def _overflows(self, ae: AE, chunk: Chunk | None) -> bool:
+        """Could a tensor of this value, stored between kernels in the program's dtype, overflow
+        it where the program does not? Inside a kernel, sums and products run in f32; between
+        kernels a tensor is stored in the program's dtype, where the program's own values fit
+        whenever the program runs at all (its unfused schedule stores each of them). A value it
+        never holds may not fit: (X / sum(X)) @ V is about |V|, X @ V about n |V|, past f16's
+        65,504 for n = 4096 and |V| = 20; so are a weight's row sums and a chunk's partial sums.
+        In f32 (the range of the sums inside kernels) any value may be stored."""
+        return self._narrow and (chunk is not None or self.oracle.class_of(ae) not in self._own)
 
     def _repeats(self, s: KState, ae: AE, shape: tuple[Size, ...], chunk: Chunk | None,
                  classes: tuple[int, ...]) -> bool:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import json
 from collections.abc import Iterator
 
 from superopt import Program, workloads
@@ -36,9 +37,16 @@ def program_ops(p: Program) -> list[str]:
     return sorted(n.op for n in p.topological() if n.op not in ("input", "const"))
 
 
-def with_floors(spec: str, h100: Target) -> KernelSearch:
-    """A kernel search of a workload with a finite bound, so that its floors are computed."""
+def with_floors(spec: str, h100: Target, dtype: str | None = None) -> KernelSearch:
+    """A kernel search of a workload (`dtype`: its inputs of that dtype) with a finite bound, so
+    that its floors are computed."""
     program = workloads.resolve(spec)
+    if dtype is not None:
+        doc = json.loads(program.dumps())
+        for node in doc["nodes"]:
+            if "dtype" in node:
+                node["dtype"] = dtype
+        program = Program.loads(json.dumps(doc))
     ks = KernelSearch(program, space_of(program), Oracle(program), SearchConfig(), target=h100)
     ks.floors.bound_s = 1.0
     return ks

@@ -22,8 +22,9 @@ def test_a_large_search_finds_a_deeper_winner_in_small_block_graphs_first(h100, 
     """qknorm_gqa's one-kernel search is large (33,524 states), and its 3-kernel winner's first
     kernel alone takes some 60,000 more to generate among all block graphs over Q and K. The
     probe of small block graphs that interrupts a one-kernel search that large finds it within
-    80,000 states (the probe's included); without the probe those states only reach the
-    reference's flash-decoding schedule."""
+    80,000 states (the probe's included); without the probe those states reach nothing as fast
+    as the reference's flash-decoding schedule (which stores partial sums in f16: no searched
+    schedule does, `KernelSearch._overflows`)."""
     from superopt.search import driver
 
     program, reference = workloads.reference_for("qknorm_gqa")
@@ -33,13 +34,13 @@ def test_a_large_search_finds_a_deeper_winner_in_small_block_graphs_first(h100, 
     assert probed.stats.depth == 1
     assert probed.stats.states < 80_100  # the probe's count (a shard's first state is counted before the check)
     assert probed.best.verdict.proved and len(probed.best.sgraph.kernels) == 3
-    assert probed.best.best.estimate.time_us < ref_us - 3  # 11.66 against 14.79 us
+    assert probed.best.best.estimate.time_us < ref_us - 1.5  # 12.87 against 14.79 us
     assert "probe" in {e["phase"] for e in events}  # the progress display says so
     found = [e for e in events if e["phase"] == "found"]
     assert found[-1]["states"] < 40_000  # before the one-kernel search ended
     monkeypatch.setattr(driver, "PROBE_AFTER_STATES", 10**9)
     unprobed = run_search(program, h100, SearchConfig(), max_states=80_000)
-    assert unprobed.best.best.estimate.time_us == pytest.approx(ref_us)
+    assert unprobed.best.best.estimate.time_us > ref_us
 
 
 def test_a_probe_finds_a_one_kernel_schedule_the_whole_one_kernel_search_reaches_late(h100, monkeypatch):

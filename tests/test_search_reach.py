@@ -32,8 +32,9 @@ def test_every_value_a_kernel_computes_is_in_the_reach_of_what_it_reads(h100, sp
     kernels after them, per-chunk partials among their inputs) has a value in the reach of those
     tensors' values (`Reach.of`), spanning at least the dim classes the reach gives it; so does
     every library kernel's output. The reach is no empty claim: some program outputs are outside
-    the reach of some sets of tensors, and some values span several classes."""
-    ks = with_floors(spec, h100)
+    the reach of some sets of tensors, and some values span several classes. In f32, where
+    kernels may store per-chunk partial sums (`KernelSearch._overflows`)."""
+    ks = with_floors(spec, h100, "f32")
     oracle = ks.oracle
     states = [ks.initial(), *sample_first_kernels(ks, depth=3, choices=4, each=3)]
     assert any(t.chunk is not None for s in states for t in s.tensors)
@@ -86,7 +87,7 @@ def test_a_middle_kernel_whose_outputs_cannot_carry_the_attention_is_cut_before_
     assert ks.floors.middle_floor(qk, 1)((0, 1, 3)) < ks.floors.bound_s  # without the reach the floor stays below
 
 
-@pytest.mark.parametrize(("spec", "bound_s"), [("gqa", 11.7e-6), ("gqa:ci", 8e-6)])
+@pytest.mark.parametrize(("spec", "bound_s"), [("gqa", 12.3e-6), ("gqa:ci", 8e-6)])
 def test_bounding_last_kernels_by_what_they_can_compute_cuts_states_not_candidates(h100, spec, bound_s):
     """Bounding the last kernel after a middle kernel by the values the two can compute (`Reach`)
     leaves the candidates of a 3-kernel search under a bound as they were, from fewer states."""
