@@ -903,6 +903,9 @@ class Generator:
         hit = self._memo.get(key, _MISSING)
         if hit is not _MISSING:
             return hit  # type: ignore[return-value]
+        if op == Op.MATMUL and any(len(t.pdims) < 2 for t in tiles):
+            self._memo[key] = None  # no product of a vector or a 0-d view (a scalar buffer's)
+            return None
         operands: list[AV] = [(t.ae, t.pdims) for t in tiles]
         value = self._chained(operands, dict(attrs)["ops"], self._abstract) if op == CHAIN else \
             self._abstract(op, operands, attrs, consts)

@@ -404,3 +404,19 @@ def test_a_zero_d_view_of_an_input_is_searched_in_place(h100):
     inputs = random_inputs(p, 4)
     [got] = run_float(instantiate(best.sgraph, best.best.params, h100), inputs)
     assert max_rel_err(got, evaluate(p, inputs)[0]) < 1e-6
+
+
+def test_a_product_beside_a_zero_d_view_is_searched(h100):
+    """(x @ w) * scale with a 0-d buffer (a (1,) input reshaped to ()): the block search tried the
+    0-d view as a matmul operand and failed with an IndexError in the oracle (a 368-line
+    traceback from `superopt optimize`). No block matmul takes an operand of rank below 2."""
+    from superopt.reference import evaluate, max_rel_err, random_inputs
+
+    p = Program("scaled_product")
+    x, w, scale = p.input("x", (4, 16), "f32"), p.input("w", (16, 8), "f32"), p.input("scale", (1,), "f32")
+    p.output(p.op("mul", p.op("matmul", x, w), p.op("reshape", scale, shape=[]), name="O"))
+    best = run_search(p, h100, SearchConfig(), budget_s=60).best
+    assert best.verdict.proved
+    inputs = random_inputs(p, 5)
+    [got] = run_float(instantiate(best.sgraph, best.best.params, h100), inputs)
+    assert max_rel_err(got, evaluate(p, inputs)[0]) < 1e-6

@@ -211,6 +211,9 @@ def _flat(args: Any) -> Iterable[Any]:
         yield args
 
 
+TRAINING_DROPOUT = "dropout in training mode (call model.eval() first)"
+
+
 def _refuse(cond: bool, reason: str) -> None:
     if cond:
         raise Unexpressible(reason)
@@ -327,8 +330,13 @@ def _to(t: AtenTranslator, a: dict[str, Any], node: fx.Node) -> Value:
 
 @handles("aten.dropout")
 def _dropout(t: AtenTranslator, a: dict[str, Any], node: fx.Node) -> Value:
-    _refuse(bool(a["train"]) and a["p"] != 0, "dropout in training mode (call model.eval() first)")
+    _refuse(bool(a["train"]) and a["p"] != 0, TRAINING_DROPOUT)
     return a["input"]
+
+
+@handles("aten.native_dropout")
+def _native_dropout(t: AtenTranslator, a: dict[str, Any], node: fx.Node) -> Value:
+    raise Unexpressible(TRAINING_DROPOUT)  # what torch.export makes of nn.Dropout in training mode
 
 
 # -- products ----------------------------------------------------------------------------------

@@ -60,7 +60,7 @@ class OpTable(dict[str, H]):
     def handler(self, op: str, where: str | None) -> H:
         """The lowering of `op`; `UnsupportedOp` where the importer has none."""
         if op not in self:
-            raise UnsupportedOp(op, where, "superopt has no such op (see superopt/ops.py for the ops it has)")
+            raise UnsupportedOp(op, where, "superopt has no such op (docs/models.md lists what is imported)")
         return self[op]
 
 

@@ -77,8 +77,21 @@ def example_tuple(example_inputs: torch.Tensor | Sequence[torch.Tensor]) -> tupl
     return examples
 
 
+def _unaliased(examples: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+    """The examples, each that shares memory with an earlier one copied: torch.export gives one
+    placeholder to aliased inputs, so forward(x, residual) traced with (x, x) would become a
+    program of one input, wrong for any call with two different tensors."""
+    seen: set[int] = set()
+    out = []
+    for x in examples:
+        storage = x.untyped_storage().data_ptr()
+        out.append(x.clone() if storage in seen else x)
+        seen.add(storage)
+    return tuple(out)
+
+
 def import_model(model: Model, example_inputs: torch.Tensor | Sequence[torch.Tensor]) -> ImportedModel:
-    examples = example_tuple(example_inputs)
+    examples = _unaliased(example_tuple(example_inputs))
     module = model if isinstance(model, torch.nn.Module) else _Function(model)
     name = type(model).__name__ if isinstance(model, torch.nn.Module) else getattr(model, "__name__", "function")
     try:
