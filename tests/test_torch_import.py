@@ -161,7 +161,11 @@ def _in_place_on_values(x: torch.Tensor) -> torch.Tensor:
     return h.mul_(0.5).relu_()
 
 
-@pytest.mark.parametrize("fn", [_max_values, _same_dtype_cast, _in_place_on_values])
+def _type_as_itself(x: torch.Tensor) -> torch.Tensor:
+    return (x.float() * 2.0).type_as(x)  # Gemma's and Meta's RMSNorm cast so; a no-op on f32
+
+
+@pytest.mark.parametrize("fn", [_max_values, _same_dtype_cast, _in_place_on_values, _type_as_itself])
 def test_forms_pytorch_writes_often_import_exactly(fn):
     """torch.max(x, dim).values (its unused indices refused as 'output 1 is used'), a cast to the
     dtype a tensor has ('no such op aten._assert_tensor_metadata'), in-place ops on values the
@@ -263,9 +267,13 @@ def test_a_call_setting_an_argument_the_examples_did_not_give_is_refused(tmp_pat
         with pytest.raises(TypeError, match=r"_Scaled was compiled for 1 tensor arguments, got 2 \('scale' too: "
                                             r"the program was traced with their defaults"):
             call()
-    if device == "no gpu":  # the traced call runs (eager here: no GPU)
+    if device == "no gpu":  # the traced call runs (eager here: no GPU), the default given or not
         with torch.no_grad():
             torch.testing.assert_close(compiled(x), model(x))
+            torch.testing.assert_close(compiled(x, scale=2.0), model(x))
+            torch.testing.assert_close(compiled(x, 2.0), model(x))
+    with pytest.raises(TypeError, match=r"got 2 \('scale' too"):
+        compiled(x, scale=2)  # an int where the default is a float: not the traced call
 
 
 def test_on_a_gpu_compile_runs_the_proved_kernels_on_the_callers_tensors(tmp_path, monkeypatch):

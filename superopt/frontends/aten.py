@@ -322,7 +322,7 @@ def _same(t: AtenTranslator, a: dict[str, Any], node: fx.Node) -> Value:
     return a["self"]
 
 
-@handles("aten._to_copy", "aten.to")
+@handles("aten._to_copy", "aten.to", "aten.type_as")
 def _to(t: AtenTranslator, a: dict[str, Any], node: fx.Node) -> Value:
     _same_dtype(node, a.get("dtype"))
     return a["self"]

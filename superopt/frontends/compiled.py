@@ -43,6 +43,10 @@ class CompiledModel:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         given = _positional(self.__signature__.bind(*args, **kwargs))
+        # An argument set to its default (attention_mask=None, as Hugging Face passes it) is
+        # what the trace saw: no other call.
+        given = given[:len(self.examples)] + [(n, v) for n, v in given[len(self.examples):]
+                                              if not _is_default(self.__signature__, n, v)]
         if len(given) != len(self.examples):
             # An argument the examples did not give (a scale, a flag, an optional tensor) was traced
             # at its default: the program computes that, so a call that sets it cannot run it.
@@ -75,6 +79,16 @@ class CompiledModel:
             else:
                 out[pid] = module.get_parameter(src.path) if src.kind == "parameter" else module.get_buffer(src.path)
         return out
+
+
+def _is_default(signature: inspect.Signature, name: str, value: Any) -> bool:
+    """Is `value` the default of parameter `name`: that object, or an equal constant of its type?"""
+    param = signature.parameters.get(name)
+    if param is None or param.default is inspect.Parameter.empty:
+        return False
+    default = param.default
+    return value is default or (type(value) is type(default) and isinstance(value, (bool, int, float, str))
+                                and value == default)
 
 
 def _positional(bound: inspect.BoundArguments) -> list[tuple[str, Any]]:
