@@ -17,7 +17,7 @@ from collections.abc import Mapping
 
 from superopt.canonical import canonical_order
 from superopt.program import Program
-from superopt.sgraph import SGraph, renamed
+from superopt.sgraph import SGraph, named_for, renamed
 
 Order = tuple[str, ...]  # a program's node ids in canonical order: all a renaming depends on
 
@@ -35,8 +35,7 @@ def from_canonical(sg: SGraph, order: Order, program_name: str | None = None) ->
     """A stored `sg` with its canonical names made those of the program of `order`, and its own
     name that program's (`program_name`) with the stored name's suffix (`.searched`, `.unfused`):
     a hit for `mm_bias_gelu` was called after `t0`, the program first searched."""
-    name = f"{program_name}.{sg.name.rsplit('.', 1)[1]}" if program_name and "." in sg.name else None
-    return _rename(sg, {f"${i}": nid for i, nid in enumerate(order)}, name)
+    return _rename(sg, {f"${i}": nid for i, nid in enumerate(order)}, named_for(program_name, sg.name))
 
 
 def _rename(sg: SGraph, names: Mapping[str, str], name: str | None = None) -> SGraph:

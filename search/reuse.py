@@ -20,7 +20,7 @@ from superopt.config import SearchConfig
 from superopt.digest import stable_digest
 from superopt.paths import cache_dir, write_atomically
 from superopt.program import Program
-from superopt.sgraph import SGraph, SGraphError, check_matches, input_decls, rebind
+from superopt.sgraph import SGraph, SGraphError, check_matches, input_decls, named_for, rebind
 
 
 def structure_key(program: Program, config: SearchConfig) -> str:
@@ -57,7 +57,8 @@ class SGraphStore:
         out = []
         for raw in data.get("sgraphs", []):
             try:
-                sg = rebind(SGraph.from_json(raw), decls)
+                stored = SGraph.from_json(raw)
+                sg = rebind(stored, decls, named_for(program.name, stored.name))
                 check_matches(sg, program)
             except (SGraphError, ValueError, KeyError, TypeError):
                 continue

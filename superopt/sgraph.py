@@ -770,6 +770,12 @@ def renamed(sg: SGraph, names: Mapping[str, str], name: str | None = None) -> SG
     return SGraph(inputs, tuple(kernels), tuple(map(tensor, sg.outputs)), name or sg.name)
 
 
+def named_for(program_name: str | None, stored: str) -> str | None:
+    """The name of a stored sGraph (`t0.searched`) served to another program with its form: that
+    program's, with the stored name's suffix (`.searched`, `.unfused`). None: keep the stored one."""
+    return f"{program_name}.{stored.rsplit('.', 1)[1]}" if program_name and "." in stored else None
+
+
 def rebind(sg: SGraph, inputs: Sequence[TensorDecl], name: str | None = None) -> SGraph:
     """The same structure over inputs of other shapes (shape reuse); analysis is redone."""
     return SGraph(tuple(inputs), sg.kernels, sg.outputs, name or sg.name)
