@@ -280,8 +280,8 @@ def run(
         help="sGraph JSON file or result report, 'reference', 'baseline', or 'winner' (the optimizer's, from the "
              "kernel cache, else searched as `superopt optimize` does) [default: reference for a built-in "
              "workload, else baseline]", show_default=False)] = None,
-    params: Annotated[str, typer.Option(help="symbol values, e.g. gx=8,F=4 (default: the cost model's best, as "
-                                             "`export` takes; a winner's own)")] = "",
+    params: Annotated[str, typer.Option(help="symbol values, e.g. gx=8,F=4; those not given: a winner's own, "
+                                             "else the cost model's best, as `export` takes")] = "",
     target: Annotated[str, _target_option("target whose limits the parameters must meet")] = DEFAULT_TARGET,
     seed: Annotated[int, typer.Option(min=0, max=2**32 - 1, help="seed of the random inputs")] = 0,
     db: DbOption = None,
@@ -293,17 +293,20 @@ def run(
 
     program = load_program(spec)
     tgt = resolve_target(target).target
-    chosen: dict[str, int] | None = parse_params(params) if params else None
+    chosen = parse_params(params) if params else {}
     if sgraph == "winner":
         from superopt.api import optimize as run_optimize
 
         with search_progress(err, DEFAULT_BUDGET_S) as progress:
             best = run_optimize(program, target=target, db=db, progress=progress).best
-        sg, chosen = best.sgraph, chosen or best.params
+        sg, own = best.sgraph, best.params
     else:
         sg = load_sgraph(sgraph or ("reference" if workloads.is_builtin(spec) else "baseline"), program, spec)
+        own = None
     check_matches(sg, program)
-    inst = instantiate(sg, chosen or _best_params(sg, tgt), tgt)
+    if sg.symbols - set(chosen):  # the others: the winner's own, else the cost model's best
+        chosen = {**(own if own is not None else _best_params(sg, tgt)), **chosen}
+    inst = instantiate(sg, chosen, tgt)
     inputs, refs = inputs_and_reference(program, seed)
     outs = run_float(inst, inputs)
     errs = [max_rel_err(o, r) for o, r in zip(outs, refs, strict=True)]

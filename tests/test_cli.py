@@ -143,6 +143,15 @@ def test_run_takes_the_winner_and_a_program_file_runs_its_baseline_by_default(tm
     assert report["cache_hit"] and report["best"]["params"] == winner["params"]
 
 
+def test_run_takes_the_parameters_given_and_fills_in_the_others():
+    """`run lora:ci --sgraph winner --params gx0=3` failed with "no value for F0, gy0": the values
+    not given are the winner's own, or the cost model's best for another sGraph."""
+    whole = json.loads(invoke("run", "rmsnorm_matmul:ci", "--json").stdout)["params"]
+    res = invoke("run", "rmsnorm_matmul:ci", "--params", "gx=2", "--json")
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.stdout)["params"] == {**whole, "gx": 2} and whole["gx"] != 2
+
+
 def test_run_with_broken_constraint_names_it():
     res = invoke("run", "gqa:ci", "--params", "F=3,gx=2,gy=2,gz=2,hx=1,hy=4")
     assert res.exit_code == 2
