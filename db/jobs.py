@@ -227,22 +227,30 @@ class JobQueue:
                  .order_by(Job.id).limit(1))
             if only is not None:
                 q = q.where(Job.id.in_(list(only)))
-            job = s.scalars(q.with_for_update(skip_locked=True)).first()
-            if job is None:
-                return None
-            now = utcnow()
-            job.state = JobState.running.value
-            job.worker_id = worker_id
-            job.attempts += 1
-            job.lease_expires_at = now + timedelta(seconds=self.lease_s)
-            job.target_fingerprint = resolve_fingerprint(job.target)
-            job.started_at = now
-            job.progress = {"phase": "claimed"}
-            return Claim(
-                job.id, worker_id, job.attempts, Program.from_json(json.loads(job.program_json)), job.target,
-                SearchConfig(**{k: v for k, v in job.config.items() if k in SearchConfig.__dataclass_fields__}),
-                job.budget_s, job.max_states, job.force,
-            )
+            while (job := s.scalars(q.with_for_update(skip_locked=True)).first()) is not None:
+                now = utcnow()
+                job.state = JobState.running.value
+                job.worker_id = worker_id
+                job.attempts += 1
+                job.lease_expires_at = now + timedelta(seconds=self.lease_s)
+                job.target_fingerprint = resolve_fingerprint(job.target)
+                job.started_at = now
+                job.progress = {"phase": "claimed"}
+                try:
+                    program = Program.from_json(json.loads(job.program_json))
+                    config = SearchConfig(**{k: v for k, v in job.config.items()
+                                             if k in SearchConfig.__dataclass_fields__})
+                except (ValueError, TypeError, AttributeError) as e:
+                    # Not this worker's to retry (its limits are lower than the submitter's, or the
+                    # row was edited): failed with why, so that the jobs behind it still run.
+                    log.warning("job %s: its program cannot be read here (%s); failed", job.id, e)
+                    job.error = f"the queued program cannot be read here: {e}"
+                    _end(s, job, JobState.failed)
+                    s.flush()
+                    continue
+                return Claim(job.id, worker_id, job.attempts, program, job.target, config, job.budget_s,
+                             job.max_states, job.force)
+            return None
 
     def requeue_expired(self) -> int:
         """Return running jobs whose lease expired to the queue (or fail them after max_attempts)."""
@@ -389,21 +397,31 @@ def _end(s: Session, job: Job, state: JobState) -> None:
     sign_job(s, job)
 
 
-def _view(s: Session, job: Job) -> JobView:
-    """The job as it is served: when how it ended fails its MAC (its state, error or result edited
-    in the database, or written before they were signed), its error and result are withheld, and
-    its error says why."""
+# The states a job ends in, as stored (a state column edited to text no state has is none of them).
+ENDED = frozenset(state.value for state in JobState if state.terminal)
+
+
+def served_ending(s: Session, job: Job) -> tuple[dict[str, Any] | None, str | None]:
+    """A job's result and error as they are served (by the API and the dashboard alike): when how
+    it ended fails its MAC (its state, error or result edited in the database, or written before
+    they were signed), both are withheld, and the error says why."""
     result, error = job.result, job.error
-    ended = JobState(job.state).terminal or result is not None
+    ended = job.state in ENDED or result is not None
     if ended and (problem := signer_for(s).problem(job_fields(job), job.result_mac)) is not None:
         log.warning("job %s: how it ended %s; its error and result are withheld", job.id, problem)
         result, error = None, f"how the job ended {problem}; its stored error and result are withheld"
+    return result, error
+
+
+def _view(s: Session, job: Job) -> JobView:
+    """The job as it is served (`served_ending`)."""
+    result, error = served_ending(s, job)
     return JobView(
         id=job.id, state=JobState(job.state), program_name=job.workload.name, program_hash=job.workload.program_hash,
         target=job.target, config_hash=job.config_hash, budget_s=job.budget_s, max_states=job.max_states,
-        force=job.force, progress=dict(job.progress or {}), error=error, attempts=job.attempts,
-        worker_id=job.worker_id, cache_hit=job.cache_hit, result=result, created_at=job.created_at,
-        started_at=job.started_at, finished_at=job.finished_at,
+        force=job.force, progress=job.progress if isinstance(job.progress, dict) else {}, error=error,
+        attempts=job.attempts, worker_id=job.worker_id, cache_hit=job.cache_hit, result=result,
+        created_at=job.created_at, started_at=job.started_at, finished_at=job.finished_at,
     )
 
 

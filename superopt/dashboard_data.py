@@ -14,9 +14,11 @@ from datetime import datetime
 from typing import Any
 
 from sqlalchemy import func, select
+from sqlalchemy.orm import load_only
 
 from superopt.db.cache import CacheEntry, KernelCache
 from superopt.db.engine import Database
+from superopt.db.jobs import served_ending
 from superopt.db.keys import check_hash_prefix
 from superopt.db.models import Job, Winner, Workload
 
@@ -26,19 +28,27 @@ JOBS_MAX = 1000
 
 def recent_jobs(db: Database, limit: int = JOBS_SHOWN) -> list[dict[str, Any]]:
     """The newest `limit` jobs, newest first, as the jobs page and its polling endpoint show them:
-    only the columns shown are read (not the program JSON), which keeps a 2 s poll cheap."""
-    q = (select(Job.id, Job.state, Workload.name, Workload.program_hash, Job.target, Job.progress, Job.result,
-                Job.cache_hit, Job.error, Job.created_at)
+    only the columns shown and signed are read (not the program JSON), which keeps a 2 s poll
+    cheap; a result or error whose MAC fails is withheld, as the API withholds it (`served_ending`)."""
+    q = (select(Job, Workload.name, Workload.program_hash)
          .join(Workload, Job.workload_id == Workload.id)
+         .options(load_only(Job.id, Job.state, Job.workload_id, Job.config_hash, Job.target, Job.progress,
+                            Job.result, Job.result_mac, Job.cache_hit, Job.error, Job.created_at))
          .order_by(Job.id.desc()).limit(max(1, min(limit, JOBS_MAX))))
+    rows = []
     with db.read() as s:
-        return [job_row(*row) for row in s.execute(q)]
+        for job, name, program_hash in s.execute(q):
+            result, error = served_ending(s, job)
+            rows.append(job_row(job.id, job.state, name, program_hash, job.target, job.progress, result, error,
+                                job.cache_hit, job.created_at))
+    return rows
 
 
 def job_row(job_id: int, state: str, name: str, program_hash: str, target: str, progress: dict[str, Any] | None,
-            result: dict[str, Any] | None, cache_hit: bool, error: str | None, created_at: datetime) -> dict[str, Any]:
+            result: dict[str, Any] | None, error: str | None, cache_hit: bool, created_at: datetime) -> dict[str, Any]:
     """A job as the dashboard shows it (small: polled every 2 s)."""
-    r, p = result or {}, progress or {}
+    # (unsigned columns edited to another JSON kind show nothing, not a failed page)
+    r, p = (v if isinstance(v, dict) else {} for v in (result, progress))
     return {
         "id": job_id, "state": state, "program": name, "hash": program_hash[:12], "target": target,
         "phase": p.get("phase"), "states": p.get("states"), "verified": p.get("verified"),

@@ -16,6 +16,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from superopt import workloads
+from superopt.api import NoCandidate, check_defined
 from superopt.config import DEFAULT_BUDGET_S, DEFAULT_TARGET, TARGET_HELP, SearchConfig, bound
 from superopt.db.errors import RequestError
 from superopt.db.jobs import JobQueue, JobView
@@ -86,18 +87,22 @@ class JobRequest(BaseModel):
         """The program this request names; a RequestError("program", ...) when it names none.
 
         A string is a built-in workload name, or (only when `files_under` is given) a program
-        JSON file relative to that directory."""
+        JSON file relative to that directory. A program `superopt check` refuses (not finite in
+        its dtype: `api.check_defined`) is refused here too, before it is queued."""
         try:
             if isinstance(self.program, dict):
-                return Program.from_json(self.program)
-            if files_under is None or workloads.is_builtin(self.program):
-                return _builtin(self.program)
-            if not (files_under / self.program).is_file():
+                program = Program.from_json(self.program)
+            elif files_under is None or workloads.is_builtin(self.program):
+                program = _builtin(self.program)
+            elif not (files_under / self.program).is_file():
                 raise LoadError(f"{self.program!r} is neither a built-in workload ({', '.join(workloads.WORKLOADS)}) "
                                 f"nor a program file in {files_under}")
-            return load_program(str(files_under / self.program))
-        except (ProgramError, LoadError) as e:
+            else:
+                program = load_program(str(files_under / self.program))
+            check_defined(program)
+        except (ProgramError, LoadError, NoCandidate) as e:
             raise RequestError("program", str(e)) from None
+        return program
 
 
 def _builtin(name: str) -> Program:

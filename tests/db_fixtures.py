@@ -194,3 +194,9 @@ def superopt_process(args: list[str], env: dict[str, str], **kw: Any) -> subproc
         [sys.executable, "-m", "superopt.cli", *args], env=env, cwd=REPO, text=True,
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, **kw,
     )
+
+
+# X * 1e5, past f16's 65,504: a program `superopt check` refuses, and so every way to queue it.
+NOT_FINITE = {"schema": "superopt.program/1", "name": "big_scale", "outputs": ["O"], "nodes": [
+    {"id": "X", "op": "input", "shape": [4, 64], "dtype": "f16"}, {"id": "C", "op": "const", "attrs": {"value": 1e5}},
+    {"id": "O", "op": "mul", "inputs": ["X", "C"]}]}

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import threading
 
-from db_fixtures import optimize
+from db_fixtures import NOT_FINITE, optimize
 from sqlalchemy import func, select
 from typer.testing import CliRunner
 
@@ -101,6 +101,7 @@ def test_a_bad_line_is_named_and_nothing_is_queued(tmp_path):
         '{"program": "gqa:ci", "max_states": ' + "9" * 5000 + "}": "line 3: not valid JSON: Exceeds the limit",
         "nope:ci": "line 3: program: 'nope:ci' is neither a built-in workload",
         json.dumps({"program": "lora:ci", "max_states": 10**20}): "line 3: max_states: Input should be less than",
+        json.dumps({"program": NOT_FINITE}): "line 3: program: big_scale: node 'O' (mul) is not finite in f16",
     }
     for bad, message in cases.items():
         f.write_text(f"gqa:ci\nlora:ci\n{bad}\nntrans:ci\n")

@@ -237,6 +237,23 @@ def test_how_a_job_ended_cannot_be_edited_unnoticed(db, url, edit):
     assert {(b["table"], b["id"]) for b in report["bad"]} == {("job", 1)}
 
 
+def test_the_dashboard_withholds_what_the_api_withholds(db):
+    """The dashboard's jobs page read a job's error and result straight from its row: an edited
+    one (a forged error, a speedup of 999) was shown there while GET /jobs/{id} withheld it. One
+    rule serves both (`served_ending`). Unsigned columns edited to another JSON kind (progress as a
+    list) show nothing, not a failed page."""
+    from superopt.dashboard_data import recent_jobs
+
+    _, _, summary = stored(db)
+    assert recent_jobs(db)[0]["speedup"] == summary["speedup"]
+    with db.write() as s:
+        s.execute(update(Job).where(Job.id == 1).values(
+            state="failed", error="FORGED: contact evil.example", result={**summary, "speedup": 999.0}, progress=[1, 2]))
+    [row] = recent_jobs(db)
+    assert row["speedup"] is None and row["kernel_id"] is None and row["states"] is None
+    assert row["error"] == JobQueue(db).get(1).error and "FORGED" not in row["error"] and "fails its MAC" in row["error"]
+
+
 def test_a_job_that_ended_without_a_result_is_signed_too(db):
     """A failed or cancelled job has no result, but how it ended is signed as well."""
     queue = JobQueue(db)

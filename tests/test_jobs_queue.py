@@ -212,6 +212,23 @@ def test_a_failing_search_fails_its_job_and_the_worker_goes_on(db):
     assert count(db, Candidate) == 0 and count(db, Winner) == 0
 
 
+def test_a_queued_program_a_worker_cannot_read_fails_and_the_jobs_behind_it_run(db, monkeypatch):
+    """A worker whose size limits are lower than the submitter's died claiming the job (the
+    program did not load), leaving it queued: every worker after it died the same way and the jobs
+    behind it never ran. Such a job now fails with why, signed; the next one is claimed."""
+    queue = JobQueue(db)
+    big = queue.submit(workloads.resolve("lora:ci"), target="h100")  # W: 32 x 48
+    tiny = Program("tiny")
+    tiny.output(tiny.exp(tiny.input("X", (4, 8), "f32")))
+    small = queue.submit(tiny, target="h100")
+    monkeypatch.setenv("SUPEROPT_MAX_TENSOR_ELEMENTS", "100")
+    claim = queue.claim("w1")
+    assert claim is not None and claim.job_id == small.id
+    view = queue.get(big.id)
+    assert view.state is JobState.failed and view.attempts == 1
+    assert view.error.startswith("the queued program cannot be read here: ") and "at most 100" in view.error
+
+
 def test_progress_is_recorded_while_the_search_runs_and_cancelling_stops_it(db, monkeypatch):
     monkeypatch.setenv("SUPEROPT_TEST_DELAY_S", "60")
     queue = JobQueue(db)

@@ -11,6 +11,7 @@ import httpx
 import pytest
 from db_fixtures import (
     BACKENDS,
+    NOT_FINITE,
     cli_env,
     database_url,
     free_port,
@@ -118,6 +119,7 @@ BAD = [
     ("wrong schema", "POST", "/jobs", {"json": {"program": {"schema": "superopt.program/9"}}}, 422, "program", "unknown program schema"),
     ("negative dim", "POST", "/jobs", {"json": {"program": _program_with(shape=[6, -1])}}, 422, "program", "node 'H' (input): dimension -1"),
     ("bad dtype", "POST", "/jobs", {"json": {"program": _program_with(dtype="f8")}}, 422, "program", "unknown dtype 'f8'"),
+    ("not finite", "POST", "/jobs", {"json": {"program": NOT_FINITE}}, 422, "program", "node 'O' (mul) is not finite in f16"),
     ("unknown target", "POST", "/jobs", {"json": {"program": "gqa:ci", "target": "tpu"}}, 422, "target", "unknown target 'tpu'"),
     ("target a number", "POST", "/jobs", {"json": {"program": "gqa:ci", "target": 5}}, 422, "target", "string"),
     ("negative budget", "POST", "/jobs", {"json": {"program": "gqa:ci", "budget_s": -1}}, 422, "budget_s", "greater than 0"),
