@@ -52,6 +52,8 @@ def resolve_url(url: str | None = None) -> URL:
     Accepts SQLAlchemy URLs, `postgresql://` / `postgres://` (served by psycopg 3) and plain
     file paths (SQLite)."""
     text = url or os.environ.get(ENV_URL) or ""
+    if "\x00" in text or "%00" in text:
+        raise StoreError("bad database URL: it holds a NUL byte, which no file name or server name has")
     if not text:
         return make_url(f"sqlite:///{default_path()}")
     if "://" not in text:

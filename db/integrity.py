@@ -78,10 +78,15 @@ def signer_for_url(url: URL) -> Signer:
     with _lock:
         if (secret, path) not in _signers:
             if secret is not None:
-                if len(secret) < MIN_KEY_CHARS:
-                    raise StoreError(f"{SECRET_ENV} is {len(secret)} characters long; a key that signs cache rows "
-                                     f"needs at least {MIN_KEY_CHARS} (e.g. the output of: openssl rand -hex 32)")
-                key = secret.encode()
+                if len(secret.strip()) < MIN_KEY_CHARS:
+                    raise StoreError(f"{SECRET_ENV} is {len(secret.strip())} characters long (blanks aside); a key "
+                                     f"that signs cache rows needs at least {MIN_KEY_CHARS} (e.g. the output of: "
+                                     "openssl rand -hex 32)")
+                try:
+                    key = secret.encode()
+                except UnicodeEncodeError:  # bytes that are no text in this locale
+                    raise StoreError(f"{SECRET_ENV} holds bytes that are not text (e.g. the output of: openssl rand "
+                                     "-hex 32)") from None
             else:
                 assert path is not None
                 key = _read_or_create(path)

@@ -13,9 +13,12 @@ from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
+from alembic.util import CommandError
 from sqlalchemy import text
 
+from superopt.core.version import __version__
 from superopt.db.engine import Database
+from superopt.db.errors import StoreError
 
 HERE = Path(__file__).resolve().parent
 ADVISORY_LOCK = 0x5355_5045_524F_5054  # "SUPEROPT": one lock id for every superopt migration
@@ -36,11 +39,24 @@ def current_revision(db: Database) -> str | None:
         return MigrationContext.configure(conn).get_current_revision()
 
 
+def _known(revision: str) -> bool:
+    try:
+        return ScriptDirectory.from_config(alembic_config()).get_revision(revision) is not None
+    except CommandError:  # not among this version's migrations
+        return False
+
+
 def upgrade(db: Database) -> None:
-    """Bring the schema to the head revision (a no-op, one read, when it is there already)."""
+    """Bring the schema to the head revision (a no-op, one read, when it is there already).
+    StoreError for a revision this version does not know (the database was written by a newer
+    superopt): nothing is changed."""
     head = head_revision()
-    if current_revision(db) == head:
+    current = current_revision(db)
+    if current == head:
         return
+    if current is not None and not _known(current):
+        raise StoreError(f"the database's schema is at revision {current!r}, which superopt {__version__} does not "
+                         "know (written by a newer superopt?); nothing was changed")
     cfg = alembic_config()
     with db.writer.connect() as conn:
         if db.backend == "postgresql":

@@ -15,6 +15,7 @@ import logging
 import re
 import stat
 import warnings
+from contextlib import closing
 
 import pytest
 from alembic import command
@@ -22,6 +23,7 @@ from db_fixtures import BACKENDS, cli_env, database_url, resign, standin_result,
 from sqlalchemy import select, update
 from typer.testing import CliRunner
 
+import superopt
 from superopt import workloads
 from superopt.cli import app
 from superopt.core.result import Result
@@ -325,11 +327,35 @@ def test_a_key_file_that_others_could_have_written_is_not_used(tmp_path, plant, 
     db.close()
 
 
-def test_a_short_secret_is_refused(db, monkeypatch):
-    monkeypatch.setenv(SECRET_ENV, "hunter2")
-    with pytest.raises(StoreError, match="SUPEROPT_SECRET is 7 characters long; a key that signs cache rows needs "
-                                         "at least 32"):
+@pytest.mark.parametrize(("secret", "message"), [
+    ("hunter2", "SUPEROPT_SECRET is 7 characters long (blanks aside); a key that signs cache rows needs at least 32"),
+    (" " * 40, "SUPEROPT_SECRET is 0 characters long (blanks aside)"),  # 40 spaces are no key
+    ("\udcff" * 40, "SUPEROPT_SECRET holds bytes that are not text"),  # b"\xff" * 40 as the environment reads it
+])
+def test_a_short_blank_or_binary_secret_is_refused(db, monkeypatch, secret, message):
+    monkeypatch.setenv(SECRET_ENV, secret)
+    with pytest.raises(StoreError, match=re.escape(message)):
         stored(db)
+
+
+def test_a_schema_from_a_newer_version_or_a_nul_in_a_url_is_one_error(tmp_path):
+    """A database stamped with a revision this version does not know printed alembic's traceback
+    from every command; a %00 in a SQLite URL Python's "embedded null byte"."""
+    url = f"sqlite:///{tmp_path / 'superopt.db'}"
+    open_database(url).close()
+    import sqlite3
+
+    with closing(sqlite3.connect(tmp_path / "superopt.db")) as conn:
+        conn.execute("UPDATE alembic_version SET version_num = '0099'")
+        conn.commit()
+    for args in (["cache", "ls"], ["submit", "lora:ci"]):
+        res = runner.invoke(app, [*args, "--db", url])
+        assert res.exit_code == 2 and res.stderr.strip() == (
+            f"error: the database's schema is at revision '0099', which superopt {superopt.__version__} does not "
+            "know (written by a newer superopt?); nothing was changed"), res.output
+    res = runner.invoke(app, ["submit", "lora:ci", "--db", f"sqlite:///{tmp_path}/%00x.db"])
+    assert res.exit_code == 2 and res.stderr.strip() == (
+        "error: bad database URL: it holds a NUL byte, which no file name or server name has")
 
 
 def _renamed(program: Program, names: dict[str, str]) -> Program:
