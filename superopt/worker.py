@@ -29,6 +29,7 @@ from typing import Any
 from sqlalchemy.exc import SQLAlchemyError
 
 from superopt.config import DB_RETRY_S, LEASE_S, POLL_S
+from superopt.core.errors import ClusterUnreachable
 from superopt.core.result import Result
 from superopt.db.cache import KernelCache
 from superopt.db.engine import Database, DatabaseUnavailable, Retry, reason, unavailable
@@ -130,6 +131,9 @@ class Worker:
             view = None
         except DatabaseUnavailable:
             self.log(f"job {claim.job_id}: not ended here; it returns to the queue when its lease expires")
+            raise
+        except ClusterUnreachable:  # this worker's fault, not the job's: given back, and the worker stops
+            self._stopped_with(claim)
             raise
         except Exception as e:  # the search failed: the job reports why, the worker goes on
             error = f"{type(e).__name__}: {e}"

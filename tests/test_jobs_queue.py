@@ -229,6 +229,23 @@ def test_a_queued_program_a_worker_cannot_read_fails_and_the_jobs_behind_it_run(
     assert view.error.startswith("the queued program cannot be read here: ") and "at most 100" in view.error
 
 
+def test_a_worker_whose_cluster_is_unreachable_gives_the_job_back_and_stops(db):
+    """A worker started with a Ray address nothing answers failed every job it claimed, for good
+    (attempt 1 of 3, never retried): the fault is the worker's. The job goes back to the queue
+    and the worker stops with the error (the command line prints it in one line)."""
+    from superopt.core.errors import ClusterUnreachable
+
+    def unreachable(*args, **kwargs):
+        raise ClusterUnreachable("no Ray cluster answers at 127.0.0.1:1")
+
+    queue = JobQueue(db)
+    job = queue.submit(workloads.resolve("lora:ci"), target="h100", force=True)
+    with pytest.raises(ClusterUnreachable):
+        Worker(db, optimize=unreachable, log=lambda line: None).run(once=True)
+    view = queue.get(job.id)
+    assert view.state is JobState.queued and view.error is None and view.worker_id is None
+
+
 def test_progress_is_recorded_while_the_search_runs_and_cancelling_stops_it(db, monkeypatch):
     monkeypatch.setenv("SUPEROPT_TEST_DELAY_S", "60")
     queue = JobQueue(db)
