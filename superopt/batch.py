@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from superopt.db.engine import Database
-from superopt.db.errors import RequestError
+from superopt.db.errors import Conflict, RequestError
 from superopt.db.jobs import JobQueue, JobView
 from superopt.jobspec import JobRequest, parse_request
 from superopt.jsontext import JSONTextError, json_problem, parse_json
@@ -83,18 +83,37 @@ def run_batch(
     ids = [e.request.submit_to(queue, e.program).id for e in entries]
     worker = Worker(db, optimize=optimize) if local else None
     tasks = _start_ray_workers(db, ids, ray_workers, ray_address, optimizer_spec) if ray_workers or ray_address else []
-    while True:
-        views = queue.get_many(ids)
-        if on_progress:
-            on_progress(views)
-        if all(v.state.terminal for v in views):
-            if tasks:
-                import ray
+    try:
+        while True:
+            views = queue.get_many(ids)
+            if on_progress:
+                on_progress(views)
+            if all(v.state.terminal for v in views):
+                if tasks:
+                    import ray
 
-                ray.get(tasks)
-            return views
-        if worker is None or worker.run_one(only=ids) is None:
-            time.sleep(poll_s)  # workers elsewhere hold the rest
+                    ray.get(tasks)
+                return views
+            if worker is None or worker.run_one(only=ids) is None:
+                time.sleep(poll_s)  # workers elsewhere hold the rest
+    except KeyboardInterrupt:
+        if local:  # this process was their only worker: none is left to run them
+            _cancel_unfinished(queue, ids)
+        raise
+
+
+def _cancel_unfinished(queue: JobQueue, ids: list[int]) -> int:
+    """Cancel those of these jobs that have not ended (a stopped local batch: a later worker would
+    run them, and the batch run again would queue them twice); how many were."""
+    cancelled = 0
+    for view in queue.get_many(ids):
+        if not view.state.terminal:
+            try:
+                queue.cancel(view.id)
+                cancelled += 1
+            except Conflict:  # it ended meanwhile
+                pass
+    return cancelled
 
 
 def _start_ray_workers(

@@ -749,8 +749,14 @@ def batch(
             done = [v for v in views if v.state.terminal]
             update(len(done), f"{sum(1 for v in done if v.cache_hit)} from the cache")
 
-        views = run_batch(database, entries, local=local, optimize=optimize, on_progress=progress,
-                          ray_workers=workers, ray_address=ray_address, optimizer_spec=optimizer)
+        try:
+            with _sigterm_as_interrupt():
+                views = run_batch(database, entries, local=local, optimize=optimize, on_progress=progress,
+                                  ray_workers=workers, ray_address=ray_address, optimizer_spec=optimizer)
+        except KeyboardInterrupt:
+            err.print("batch stopped" + (": its unfinished jobs are cancelled" if local else
+                                         "; its jobs stay queued for the workers"), markup=False)
+            raise typer.Exit(130) from None
     rows = summary_rows(entries, views)
     if as_json:
         emit_json(rows)
@@ -844,28 +850,37 @@ def worker(
     optimizer: OptimizerOption = None,
 ) -> None:
     """Claim and run jobs from the queue; SIGTERM or Ctrl-C hands the current job back."""
-    import signal
-
     from superopt.db.engine import open_database
     from superopt.worker import Worker, load_optimizer
-
-    def stop(_signum: int, _frame: Any) -> None:
-        raise KeyboardInterrupt
 
     w = Worker(
         open_database(db), optimize=load_optimizer(optimizer), lease_s=lease_s, poll_s=poll_s,
         ray_address=ray_address, workers=workers, db_retry_s=db_retry_s, log=lambda line: out.print(line, markup=False),
     )
     err.print(f"worker {w.id} ({w.queue.db})", markup=False)
-    previous = signal.signal(signal.SIGTERM, stop)
     try:
-        done = w.run(once=once)
+        with _sigterm_as_interrupt():
+            done = w.run(once=once)
     except KeyboardInterrupt:
         err.print(f"worker {w.id} stopped", markup=False)
         return
+    err.print(f"worker {w.id}: {done} job(s), queue empty", markup=False)
+
+
+@contextmanager
+def _sigterm_as_interrupt() -> Iterator[None]:
+    """SIGTERM (a service manager stopping the process) handled as Ctrl-C is: the job running here
+    is handed back, not left running under a dead worker until its lease expires."""
+    import signal
+
+    def stop(_signum: int, _frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
     finally:
         signal.signal(signal.SIGTERM, previous)
-    err.print(f"worker {w.id}: {done} job(s), queue empty", markup=False)
 
 
 

@@ -69,6 +69,20 @@ def test_batch_of_ten_then_all_cache_hits(tmp_path):
     assert "10 jobs: 0 searched, 10 from the cache, 0 not succeeded" in third.stdout
 
 
+def test_a_stopped_local_batch_cancels_what_it_had_not_finished(tmp_path):
+    """Ctrl-C or SIGTERM on `batch --local` left its jobs queued (a later worker ran them, and the
+    batch run again queued them twice) and the one running under a dead worker. Those not ended
+    are cancelled; the batch exits 130."""
+    db = str(tmp_path / "superopt.db")
+    f = tmp_path / "b.jsonl"
+    f.write_text("ntrans:ci\nlora:ci\ngqa:ci\n")
+    res = runner.invoke(app, ["batch", str(f), "--local", "--db", db, "--optimizer", "db_fixtures:interrupted_optimize"])
+    assert res.exit_code == 130 and res.stderr.strip().endswith("batch stopped: its unfinished jobs are cancelled")
+    with open_database(db).read() as s:
+        states = dict(s.execute(select(Job.id, Job.state)).all())
+    assert states == {1: "succeeded", 2: "cancelled", 3: "cancelled"}
+
+
 def test_batch_through_workers(tmp_path):
     db_path = str(tmp_path / "superopt.db")
     f = tmp_path / "b.jsonl"
