@@ -37,16 +37,28 @@ def program_ops(p: Program) -> list[str]:
     return sorted(n.op for n in p.topological() if n.op not in ("input", "const"))
 
 
+def in_f32(program: Program) -> Program:
+    """The program with f32 inputs: between kernels, an f16 tensor holds only the program's own
+    values (`KernelSearch._overflows`), so tests of partial sums and other values a kernel may
+    hand on take the f32 form of an f16 workload."""
+    doc = json.loads(program.dumps())
+    for node in doc["nodes"]:
+        if "dtype" in node:
+            node["dtype"] = "f32"
+    return Program.loads(json.dumps(doc))
+
+
+def f32_workload(spec: str) -> Program:
+    return in_f32(workloads.resolve(spec))
+
+
 def with_floors(spec: str, h100: Target, dtype: str | None = None) -> KernelSearch:
-    """A kernel search of a workload (`dtype`: its inputs of that dtype) with a finite bound, so
-    that its floors are computed."""
+    """A kernel search of a workload (`dtype` "f32": its f32 form, `in_f32`) with a finite bound,
+    so that its floors are computed."""
     program = workloads.resolve(spec)
     if dtype is not None:
-        doc = json.loads(program.dumps())
-        for node in doc["nodes"]:
-            if "dtype" in node:
-                node["dtype"] = dtype
-        program = Program.loads(json.dumps(doc))
+        assert dtype == "f32"
+        program = in_f32(program)
     ks = KernelSearch(program, space_of(program), Oracle(program), SearchConfig(), target=h100)
     ks.floors.bound_s = 1.0
     return ks

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from search_helpers import f32_workload
 
 from superopt import Program, workloads
 from superopt.config import SearchConfig
@@ -84,7 +85,7 @@ def test_concrete_search_splits_independent_projections_side_by_side(h100):
 def test_concrete_first_kernels_are_compared_at_their_fixed_chunk_counts(h100):
     """In concrete search a kernel's chunk count is a number, not a symbol: kernels writing
     partial results are compared as they are, and only beaten ones are cut."""
-    program = workloads.resolve("gqa:ci")
+    program = f32_workload("gqa:ci")  # f32: where a kernel may write partial sums
     ks = KernelSearch(program, space_of(program), Oracle(program), SearchConfig(concrete=True), target=h100)
     firsts = list(ks._graph_moves(ks.initial(), False, only=(0, 1)))
     kept = [f.state for f in ks.floors.undominated([ks.floors.ranked_first(st) for st in firsts])]

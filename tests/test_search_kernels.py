@@ -6,6 +6,7 @@ import itertools
 import time
 
 import pytest
+from search_helpers import f32_workload
 
 from superopt import Program, workloads
 from superopt.build import SGraphBuilder
@@ -61,7 +62,7 @@ def test_graphs_whose_last_kernel_merges_computed_tensors_come_first(spec, depth
     the last one are not filtered)."""
     from superopt.search.kernel import MIDDLES
 
-    program = workloads.resolve(spec)
+    program = f32_workload(spec)  # f32: partial sums may be handed on
     inputs = {n.id for n in program.inputs}
     ks = KernelSearch(program, space_of(program), Oracle(program), SearchConfig())
     two_pass = list(ks.candidates_in(depth, ("graph", first)))
@@ -97,7 +98,7 @@ def test_first_kernels_made_in_parts_and_dealt_out_give_the_whole_shard(h100, na
     """Split into parts, a graph choice's first kernels are made by part, cut across parts and
     dealt out (how the driver runs deeper graphs): the same first kernels as the whole choice's,
     and together the dealt shares produce exactly the candidates of the whole shard."""
-    program = workloads.resolve(name)
+    program = f32_workload(name)  # f32: partial sums may be handed on
     choice = ("graph", tuple(range(len(program.inputs))))
     whole_ks = KernelSearch(program, space_of(program), Oracle(program), SearchConfig(), target=h100)
     whole = sorted(sg.dumps() for sg in whole_ks.candidates_in(3, choice))
@@ -142,7 +143,7 @@ def test_first_kernels_beaten_by_a_retiling_lead_to_no_better_graph(h100, choice
     """A first kernel that another one doing the same computation into the same tensors beats (no
     slower at any chunk count, and first in the ties) is not grown: the best-ranked candidate of
     the shard is the same as when every first kernel is grown, from fewer candidates."""
-    program = workloads.resolve("gqa:ci")
+    program = f32_workload("gqa:ci")  # f32: partial sums may be handed on
 
     def ranked_candidates(keep: int) -> list[tuple[float, str]]:
         ks = KernelSearch(program, space_of(program), Oracle(program), SearchConfig(), target=h100)
@@ -221,7 +222,7 @@ def test_bounded_memos_change_what_is_searched_again_not_what_is_found(h100, mon
     from superopt.search import block, floors, kernel
 
     def candidates() -> tuple[list[str], int]:
-        program = workloads.resolve(spec)
+        program = f32_workload(spec)  # f32: partial sums may be handed on
         ks = KernelSearch(program, space_of(program), Oracle(program), SearchConfig(max_kernel_ops=depth), target=h100)
         return [sg.dumps() for sg in ks.candidates()], ks.total_states
 

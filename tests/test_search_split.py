@@ -33,7 +33,7 @@ def _long_chain(stages: int) -> Program:
     stages on. (A chain of any length is one block op: t = unary(binary(t, Y)) alone, found by
     probing optimize, is one chain, and no longer too large for one block graph.)"""
     p = Program("long_chain")
-    x, y = p.input("X", (8, 16), "f16"), p.input("Y", (8, 16), "f16")
+    x, y = p.input("X", (8, 16), "f32"), p.input("Y", (8, 16), "f32")
     t = x
     for i in range(stages):
         t = t + p.op(["sigmoid", "silu", "neg", "square", "relu"][i % 5], p.op(["add", "mul", "sub"][i % 3], t, y))

@@ -307,7 +307,7 @@ def test_kernels_that_cannot_make_the_outputs_dims_are_not_grown(h100):
     the fused product (one kernel, then the reshape and the norm), where a 15 s budget left the
     unfused schedule."""
     p = Program("heads_norm")
-    x, w, v = p.input("X", (4, 8), "bf16"), p.input("W", (8, 6), "bf16"), p.input("V", (8, 6), "bf16")
+    x, w, v = p.input("X", (4, 8), "f32"), p.input("W", (8, 6), "f32"), p.input("V", (8, 6), "f32")
     p.output(p.rms_norm(p.reshape(((x * p.sum(x, -1, keepdim=True)) @ w) * (x @ v), (4, 2, 3)), -1))
     ks = KernelSearch(p, space_of(p), Oracle(p), SearchConfig(), target=h100)
     start = ks.initial()
