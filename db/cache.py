@@ -453,11 +453,12 @@ def _checked_kernel(signer: Signer, c: Candidate, workload: Workload) -> ResultC
 
 
 def _signed(signer: Signer, w: Winner) -> bool:
-    """Whether the rows a listing serves of `w` (its own, its baseline's time) pass their MACs."""
+    """Whether the rows a listing serves of `w` (its own, its kernel's, its baseline's time) pass
+    their MACs: a listing names the kernel id that `cache show` would then refuse."""
     try:
         _check_mac(signer, f"winner row {w.id}", winner_fields(w, w.job.result), w.mac)
-        _check_mac(signer, f"candidate row {w.baseline_id}", candidate_fields(w.baseline, w.workload, w.target),
-                   w.baseline.mac)
+        for c in (w.candidate, w.baseline):
+            _check_mac(signer, f"candidate row {c.id}", candidate_fields(c, w.workload, w.target), c.mac)
     except _Refused as e:
         warnings.warn(f"{_what(w)}: {e}; not listed", CacheIntegrityWarning, stacklevel=3)
         return False
