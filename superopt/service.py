@@ -197,8 +197,9 @@ def host_name(value: str) -> str:
     """The host of a Host header or an allow-list entry, without port, brackets, case or a final
     dot: "[::1]:8000" -> "::1", "LocalHost.:80" -> "localhost"."""
     v = value.strip().lower()
-    if v.startswith("["):
-        return v[1:v.index("]")] if "]" in v else v
+    if v.startswith("[") and "]" in v:
+        address, _, rest = v[1:].partition("]")
+        return address if rest == "" or (rest[:1] == ":" and rest[1:].isdigit()) else v  # "[::1]evil" is no host
     name, colon, port = v.rpartition(":")
     if colon and port.isdigit() and ":" not in name:
         v = name

@@ -174,6 +174,8 @@ def test_the_access_log_hides_the_sign_in_token(tmp_path):
 def test_host_names_are_compared_without_port_brackets_or_case():
     assert [host_name(h) for h in ("LocalHost:8000", "[::1]:80", "[::1]", "127.0.0.1", "::1", "api.example.")] == [
         "localhost", "::1", "::1", "127.0.0.1", "::1", "api.example"]
+    # After the brackets only a port may follow: "[::1]evil" was read as ::1 and let through.
+    assert [host_name(h) for h in ("[::1]evil", "[::1]:80x", "[::1]:")] == ["[::1]evil", "[::1]:80x", "[::1]:"]
 
 
 def test_only_allowed_host_names_are_served(tmp_path):
