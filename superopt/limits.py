@@ -87,10 +87,8 @@ def _env_limit(var: str, default: int, ceiling: int | None) -> int:
     raw = os.environ.get(var)
     if raw is None or not raw.strip():
         return default
-    try:
-        value = int(raw)
-    except ValueError:
-        value = 0
+    text = raw.strip()
+    value = int(text) if text.isascii() and text.isdigit() else 0  # (int() takes "５" and "1_000" too)
     if value < 1 or (ceiling is not None and value > ceiling):
         bound = f" at most {ceiling:,}" if ceiling is not None else ""
         raise LimitConfigError(f"{var}: expected a positive integer{bound}, got {raw!r}")

@@ -146,7 +146,7 @@ def test_the_size_limits_are_configurable(monkeypatch):
     monkeypatch.setenv(limits.PROGRAM_BYTES_ENV, "100")
     with pytest.raises(ProgramError, match="take 128 bytes in their dtypes; at most 100 \\(SUPEROPT_MAX_PROGRAM_BYTES\\)"):
         Program.from_json(BASE)
-    for value in ("lots", "0", str(2**31)):
+    for value in ("lots", "0", str(2**31), "\uff15", "1_000", "-5"):  # a full-width 5, a grouped 1000
         monkeypatch.setenv(limits.TENSOR_ELEMENTS_ENV, value)
         with pytest.raises(ValueError, match="SUPEROPT_MAX_TENSOR_ELEMENTS: expected a positive integer"):
             Program.from_json(BASE)
