@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from sqlalchemy import Engine, create_engine, event, exc
+from sqlalchemy import Engine, create_engine, event, exc, inspect
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -286,8 +286,23 @@ def open_database(url: str | None = None, *, existing: bool = False) -> Database
         raise StoreError(f"cannot open database {shown(resolved)}: {e.strerror or e}") from None
     try:
         upgrade(db)
+        missing = missing_tables(db)
     except exc.DatabaseError as e:  # unreachable, refused, or not a database at all
         db.close()
         reason = str(e.orig).strip().splitlines()[0] if e.orig else str(e)
         raise StoreError(f"cannot open database {shown(resolved)}: {reason}") from None
+    except StoreError:
+        db.close()
+        raise
+    if missing:
+        db.close()
+        raise StoreError(f"database {shown(resolved)} lacks its table(s) {', '.join(missing)} (damaged, or its "
+                         "schema version edited)")
     return db
+
+
+def missing_tables(db: Database) -> list[str]:
+    """The tables of the schema the database lacks (after its upgrade: none, unless one was dropped)."""
+    from superopt.db.models import Base
+
+    return sorted(set(Base.metadata.tables) - set(inspect(db.engine).get_table_names()))

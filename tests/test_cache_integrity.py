@@ -356,6 +356,22 @@ def test_a_schema_from_a_newer_version_or_a_nul_in_a_url_is_one_error(tmp_path):
         "error: bad database URL: it holds a NUL byte, which no file name or server name has")
 
 
+def test_a_database_missing_a_table_is_one_error(tmp_path):
+    """A table dropped from a database at the current revision gave SQLAlchemy's traceback from
+    every command that read it."""
+    import sqlite3
+
+    url = f"sqlite:///{tmp_path / 'superopt.db'}"
+    open_database(url).close()
+    with closing(sqlite3.connect(tmp_path / "superopt.db")) as conn:
+        conn.execute("DROP TABLE winner")
+        conn.commit()
+    for args in (["cache", "ls"], ["submit", "lora:ci"]):
+        res = runner.invoke(app, [*args, "--db", url])
+        assert res.exit_code == 2 and res.stderr.strip() == (
+            f"error: database {url} lacks its table(s) winner (damaged, or its schema version edited)"), res.output
+
+
 def _renamed(program: Program, names: dict[str, str]) -> Program:
     data = program.to_json()
     text = json.dumps(data)
