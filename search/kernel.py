@@ -119,8 +119,9 @@ class KernelSearch:
                            n.size_shape): self.floors.values[n.id][1]
                           for n in self.program.topological() if n.op == Op.RESHAPE}
         # The e-classes of the program's own values: what a tensor stored between kernels in a
-        # dtype narrower than f32 may hold (`_overflows`).
-        self._narrow = min(get_dtype(n.dtype or "f32").nbytes for n in self.program.inputs) < 4
+        # dtype of a narrower range than f32's (f16's; bf16 has f32's exponent) may hold (`_overflows`).
+        self._narrow = min(get_dtype(n.dtype or "f32").largest for n in self.program.inputs) < \
+            get_dtype("f32").largest / 2
         self._own = {self.oracle.class_of(ae) for n, (ae, _) in self.floors.values.items()
                      if self.program.nodes[n].op != Op.CONST}
         runs = chain_runs(self.program)
@@ -816,7 +817,7 @@ class KernelSearch:
         whenever the program runs at all (its unfused schedule stores each of them). A value it
         never holds may not fit: (X / sum(X)) @ V is about |V|, X @ V about n |V|, past f16's
         65,504 for n = 4096 and |V| = 20; so are a weight's row sums and a chunk's partial sums.
-        In f32 (the range of the sums inside kernels) any value may be stored."""
+        In f32 or bf16 (the range of the sums inside kernels) any value may be stored."""
         return self._narrow and (chunk is not None or self.oracle.class_of(ae) not in self._own)
 
     def _repeats(self, s: KState, ae: AE, shape: tuple[Size, ...], chunk: Chunk | None,

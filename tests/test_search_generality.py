@@ -182,7 +182,7 @@ def test_no_schedule_stores_in_f16_a_value_the_program_never_holds(h100):
     """(X / sum(X)) @ V in f16, n = 4096: the winner stored X @ V in f16 (about n |V| = 80,000,
     past f16's 65,504) to divide it afterwards, and returned inf everywhere where the program,
     run op by op in f16, is within 5e-4. Between kernels, an f16 tensor holds one of the
-    program's own values (`KernelSearch._overflows`); in f32, X @ V may be stored."""
+    program's own values (`KernelSearch._overflows`); in f32 or bf16, X @ V may be stored."""
     p = Program("norm_mm")
     x, v = p.input("X", (2, 4096), "f16"), p.input("V", (4096, 64), "f16")
     p.output(p.op("matmul", p.op("div", x, p.op("sum", x, dim=-1, keepdim=True)), v, name="O"))
@@ -195,8 +195,9 @@ def test_no_schedule_stores_in_f16_a_value_the_program_never_holds(h100):
     assert max_rel_err(evaluate(p, inputs, exact=False)[0], exact) < 1e-3  # the program runs in f16
     won = run_float(instantiate(out.best.sgraph, out.best.best.params, h100), inputs)[0]
     assert np.isfinite(won).all() and max_rel_err(won, exact) < 1e-2
-    wide = run_search(Program.loads(p.dumps().replace('"f16"', '"f32"')), h100, SearchConfig(), budget_s=60)
-    assert any(isinstance(k, LibraryKernel) and k.inputs == ("X", "V") for k in wide.best.sgraph.kernels)
+    for wide in ("f32", "bf16"):  # f32's range (bf16 has its exponent): X @ V may be stored
+        out = run_search(Program.loads(p.dumps().replace('"f16"', f'"{wide}"')), h100, SearchConfig(), budget_s=60)
+        assert any(isinstance(k, LibraryKernel) and k.inputs == ("X", "V") for k in out.best.sgraph.kernels), wide
 
 
 def test_a_block_walk_stops_when_the_bound_falls_below_its_floor_and_resumes_whole(h100):
