@@ -286,7 +286,7 @@ def open_database(url: str | None = None, *, existing: bool = False) -> Database
         raise StoreError(f"cannot open database {shown(resolved)}: {e.strerror or e}") from None
     try:
         upgrade(db)
-        missing = missing_tables(db)
+        missing = _missing_tables(db)
     except exc.DatabaseError as e:  # unreachable, refused, or not a database at all
         db.close()
         reason = str(e.orig).strip().splitlines()[0] if e.orig else str(e)
@@ -301,7 +301,7 @@ def open_database(url: str | None = None, *, existing: bool = False) -> Database
     return db
 
 
-def missing_tables(db: Database) -> list[str]:
+def _missing_tables(db: Database) -> list[str]:
     """The tables of the schema the database lacks (after its upgrade: none, unless one was dropped)."""
     from superopt.db.models import Base
 

@@ -521,13 +521,14 @@ def submit(
     """Queue an optimization job for the workers (`superopt worker`); print its id and state."""
     from superopt.db.engine import open_database
     from superopt.db.jobs import JobQueue
-    from superopt.jobspec import parse_request
+    from superopt.jobspec import defined, parse_request
 
+    program = load_program(spec)
     bounds = {"max_kernel_ops": max_kernel_ops, "max_block_ops": max_block_ops, "max_grid_axes": max_grid_axes,
               "max_block_inputs": max_block_inputs, "concrete": concrete}  # the request's `config`
-    req = parse_request({"program": load_program(spec).to_json(), "target": target, "budget_s": budget_s,
+    req = parse_request({"program": program.to_json(), "target": target, "budget_s": budget_s,
                          "max_states": max_states, "force": force, "config": bounds})
-    job = req.submit_to(JobQueue(open_database(db)), req.build_program())
+    job = req.submit_to(JobQueue(open_database(db)), defined(program))
     if as_json:
         emit_json(job.to_json())
     elif job.cache_hit:

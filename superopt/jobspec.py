@@ -99,10 +99,19 @@ class JobRequest(BaseModel):
                                 f"nor a program file in {files_under}")
             else:
                 program = load_program(str(files_under / self.program))
-            check_defined(program)
-        except (ProgramError, LoadError, NoCandidate) as e:
+        except (ProgramError, LoadError) as e:
             raise RequestError("program", str(e)) from None
-        return program
+        return defined(program)
+
+
+def defined(program: Program) -> Program:
+    """`program`, or RequestError("program", ...) where `superopt check` refuses it (not finite in
+    its dtype: `api.check_defined`): refused before it is queued, not by the worker."""
+    try:
+        check_defined(program)
+    except NoCandidate as e:
+        raise RequestError("program", str(e)) from None
+    return program
 
 
 def _builtin(name: str) -> Program:

@@ -336,21 +336,28 @@ def test_a_short_blank_or_binary_secret_is_refused(db, monkeypatch, secret, mess
         stored(db)
 
 
-def test_a_schema_from_a_newer_version_or_a_nul_in_a_url_is_one_error(tmp_path):
-    """A database stamped with a revision this version does not know printed alembic's traceback
-    from every command; a %00 in a SQLite URL Python's "embedded null byte"."""
-    url = f"sqlite:///{tmp_path / 'superopt.db'}"
-    open_database(url).close()
+def _edited_database_is_one_error(tmp_path, statement: str, message: str) -> None:
+    """A fresh SQLite database, `statement` run on it behind superopt's back: reading and writing
+    commands alike print `message` as their one error line (exit 2)."""
     import sqlite3
 
+    url = f"sqlite:///{tmp_path / 'superopt.db'}"
+    open_database(url).close()
     with closing(sqlite3.connect(tmp_path / "superopt.db")) as conn:
-        conn.execute("UPDATE alembic_version SET version_num = '0099'")
+        conn.execute(statement)
         conn.commit()
     for args in (["cache", "ls"], ["submit", "lora:ci"]):
         res = runner.invoke(app, [*args, "--db", url])
-        assert res.exit_code == 2 and res.stderr.strip() == (
-            f"error: the database's schema is at revision '0099', which superopt {superopt.__version__} does not "
-            "know (written by a newer superopt?); nothing was changed"), res.output
+        assert res.exit_code == 2 and res.stderr.strip() == f"error: {message.format(url=url)}", res.output
+
+
+def test_a_schema_from_a_newer_version_or_a_nul_in_a_url_is_one_error(tmp_path):
+    """A database stamped with a revision this version does not know printed alembic's traceback
+    from every command; a %00 in a SQLite URL Python's "embedded null byte"."""
+    _edited_database_is_one_error(
+        tmp_path, "UPDATE alembic_version SET version_num = '0099'",
+        f"the database's schema is at revision '0099', which superopt {superopt.__version__} does not know "
+        "(written by a newer superopt?); nothing was changed")
     res = runner.invoke(app, ["submit", "lora:ci", "--db", f"sqlite:///{tmp_path}/%00x.db"])
     assert res.exit_code == 2 and res.stderr.strip() == (
         "error: bad database URL: it holds a NUL byte, which no file name or server name has")
@@ -359,17 +366,8 @@ def test_a_schema_from_a_newer_version_or_a_nul_in_a_url_is_one_error(tmp_path):
 def test_a_database_missing_a_table_is_one_error(tmp_path):
     """A table dropped from a database at the current revision gave SQLAlchemy's traceback from
     every command that read it."""
-    import sqlite3
-
-    url = f"sqlite:///{tmp_path / 'superopt.db'}"
-    open_database(url).close()
-    with closing(sqlite3.connect(tmp_path / "superopt.db")) as conn:
-        conn.execute("DROP TABLE winner")
-        conn.commit()
-    for args in (["cache", "ls"], ["submit", "lora:ci"]):
-        res = runner.invoke(app, [*args, "--db", url])
-        assert res.exit_code == 2 and res.stderr.strip() == (
-            f"error: database {url} lacks its table(s) winner (damaged, or its schema version edited)"), res.output
+    _edited_database_is_one_error(
+        tmp_path, "DROP TABLE winner", "database {url} lacks its table(s) winner (damaged, or its schema version edited)")
 
 
 def _renamed(program: Program, names: dict[str, str]) -> Program:
