@@ -188,6 +188,11 @@ class Generator:
     # empty loop body redundant (see _with_accumulators); a concrete search fixed its loop first.
     no_loop_tilings: bool = True
     max_outputs: int = MAX_OUTPUTS  # values a block graph may write
+    # The e-classes a block matmul may read from a tile computed in the kernel (None: any). Its
+    # operands are staged in the program's dtype for the tensor cores (`sgraph._storage_plan`),
+    # where a value the program never holds may overflow a narrow one (f16) that the program's
+    # own values fit (`KernelSearch._overflows` holds tensors between kernels to the same rule).
+    staged: frozenset[str | None] | None = None
     alg: AbstractAlgebra = field(init=False)  # the oracle's (it knows the program's constant factors)
 
     def __post_init__(self) -> None:
@@ -682,6 +687,9 @@ class Generator:
         if key <= s.last_key:
             return None
         tiles = [s.tiles[a] for a in args]
+        if op == Op.MATMUL and self.staged is not None and not all(self._fits(s, t) for t in tiles):
+            self.pruned += 1
+            return None
         abstract = self._ae(op, tiles, attrs, consts)
         if abstract is None:
             self.pruned += 1
@@ -716,6 +724,17 @@ class Generator:
         tile = Tile(op, args, attrs, phase, dims, ae, pdims, consts=consts, aid=aid, vid=vid, fid=fid,
                     gathers=op == "acc" and _gathers(tiles[0]))
         return BlockState((*s.tiles, tile), classes, used, left, key, s.tied)
+
+    def _fits(self, s: BlockState, t: Tile) -> bool:
+        """May a block matmul read tile `t` of `s` in the program's dtype (`staged`)? An input or
+        accumulator (fp32), one of the program's values, or such a value scaled by a constant
+        that shrinks it (attention's 1/sqrt(d) on Q)."""
+        assert self.staged is not None
+        while t.op not in ("input", "acc") and self.oracle.class_of(t.ae) not in self.staged:
+            if len(t.args) != 1 or len(t.consts) != 1 or not _shrinks(t.op, *t.consts[0]):
+                return False
+            t = s.tiles[t.args[0]]
+        return True
 
     def _chain_dims(self, classes: Classes, operands: list[tuple[int, ...]], steps: tuple[ChainOp, ...],
                     ) -> tuple[Classes, tuple[int, ...]] | None:
@@ -1077,6 +1096,11 @@ def _scaled_operand(program: Program, m: Node, scale: Node, columns_reduced: boo
     if into_w and (size_w < size_x or (columns_reduced and scale.op != Op.CONST)):
         return 1
     return None
+
+
+def _shrinks(op: str, position: int, value: float) -> bool:
+    """Is an op with this constant operand a scale of magnitude at most 1?"""
+    return (op == Op.MUL and abs(value) <= 1.0) or (op == Op.DIV and position == 1 and abs(value) >= 1.0)
 
 
 def _signature(s: BlockState, first: int) -> tuple[Any, ...]:

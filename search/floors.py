@@ -99,6 +99,16 @@ class Floors:
         self._nbytes = min(get_dtype(n.dtype or "f32").nbytes for n in self.program.inputs)
         self._output_bytes = [self._bytes(KTensor(n.id, n.size_shape, ("c",), ())) for n in self.outputs]
         self._target_leaves = [input_leaves(values[o][0]) for o in self.program.outputs]  # see `inputs_of`
+        # What a tensor stored in the program's dtype may hold (None: any value). Where that dtype's
+        # range is narrower than f32's (f16's; bf16 has f32's exponent), only the program's own
+        # values, which fit wherever the program runs at all (its unfused schedule stores each of
+        # them); a value it never holds may not: (X / sum(X)) @ V is about |V|, X @ V about
+        # n |V|, past f16's 65,504 for n = 4096 and |V| = 20; so are a weight's row sums and a
+        # chunk's partial sums. Sums and products inside a kernel run in f32, where any may.
+        narrow = min(get_dtype(n.dtype or "f32").largest for n in self.program.inputs) < get_dtype("f32").largest / 2
+        self.stored: frozenset[str | None] | None = frozenset(
+            self.oracle.class_of(ae) for n, (ae, _) in values.items()
+            if self.program.nodes[n].op != Op.CONST) if narrow else None
 
     def cut(self, floor: str) -> None:
         """Count a cut by the bound: which floor made it says where the time of a search goes."""
@@ -459,8 +469,10 @@ class Floors:
         output, or a reduced one only where its partials can be summed), with the bytes of its
         outputs, which a later kernel must then read (the second value). None when unknown: it
         reads partials, an axis would split a dim of no class, or it writes a program output
-        (written once, not read again: `owed` counts it already). Kept per block graph (a block
-        space is replayed after every earlier kernel computing the same tensors)."""
+        (written once, not read again: `owed` counts it already). Inf when it writes a value that
+        no tensor between kernels may hold (`stored`): it may only be a last kernel. Kept per
+        block graph (a block space is replayed after every earlier kernel computing the same
+        tensors)."""
         assert self.target is not None
         if any(s.tensors[i].chunk is not None for i in subset):
             return None
@@ -476,6 +488,8 @@ class Floors:
     def _block_floor(self, s: KState, subset: tuple[int, ...], block: BlockState) -> tuple[float, float] | None:
         assert self.target is not None
         outputs = sinks(block)
+        if self.stored is not None and any(self.oracle.class_of(ae) not in self.stored for ae, _, _ in outputs):
+            return math.inf, math.inf  # stored for a later kernel, a value the program never holds may overflow
         if any(self.is_output(ae, shape, pdims, i) for ae, shape, pdims in outputs for i in range(len(self.outputs))):
             return None
         axes = []
@@ -534,7 +548,10 @@ class Floors:
         def floor(subset: tuple[int, ...]) -> float:
             must = tuple(sorted({i for i in (*unread, *unused) if i not in subset}))
             if middle_output and self._reach:
-                return self._after_middle(s, must, self._reachable([s.tensors[i] for i in subset]), missing[0], arity)
+                reach = self._reachable([s.tensors[i] for i in subset])
+                if self.stored is not None:  # what the middle kernel may store for the last (`stored`)
+                    reach = {c: dims for c, dims in reach.items() if c in self.stored}
+                return self._after_middle(s, must, reach, missing[0], arity)
             if len(must) + middle_output <= arity:
                 return 0.0
             return self._whole_floor(s, must, missing, more_inputs=True)

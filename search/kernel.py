@@ -48,7 +48,6 @@ from superopt.config import (
     SearchConfig,
 )
 from superopt.dimclasses import input_classes
-from superopt.dtypes import dtype as get_dtype
 from superopt.object_cache import BoundedDict, ObjectCache
 from superopt.ops import Op
 from superopt.program import Node, Program, Tensor
@@ -106,9 +105,6 @@ class KernelSearch:
         self._plans: Plans = ObjectCache(PLAN_ENTRIES)  # block graph -> its tilings (see `resolve`)
         # While a block space is walked: whether the bound now cuts all of it (see `_walk`).
         self._walk_cut: Callable[[], bool] | None = None
-        self._gen = Generator(self.space, self.oracle, self.config.max_block_ops, on_state=self._tick,
-                              no_loop_tilings=not self.config.concrete,
-                              max_outputs=max(MAX_OUTPUTS, len(self.program.outputs)))
         self._alg = self.oracle.alg
         self.floors = Floors(self.program, self.space, self.oracle, self.config, self.target, self.views)
         # A reshape of the value a program reshape reads, in the same layout, to the same shape:
@@ -118,12 +114,11 @@ class KernelSearch:
         self._reshapes = {(self.oracle.class_of(self.floors.values[n.inputs[0]][0]), self.floors.values[n.inputs[0]][1],
                            n.size_shape): self.floors.values[n.id][1]
                           for n in self.program.topological() if n.op == Op.RESHAPE}
-        # The e-classes of the program's own values: what a tensor stored between kernels in a
-        # dtype of a narrower range than f32's (f16's; bf16 has f32's exponent) may hold (`_overflows`).
-        self._narrow = min(get_dtype(n.dtype or "f32").largest for n in self.program.inputs) < \
-            get_dtype("f32").largest / 2
-        self._own = {self.oracle.class_of(ae) for n, (ae, _) in self.floors.values.items()
-                     if self.program.nodes[n].op != Op.CONST}
+        # Tensor cores read a block matmul's operands in the program's dtype, as kernels store
+        # tensors between them: values computed in the kernel that it reads follow the same rule.
+        self._gen = Generator(self.space, self.oracle, self.config.max_block_ops, on_state=self._tick,
+                              no_loop_tilings=not self.config.concrete,
+                              max_outputs=max(MAX_OUTPUTS, len(self.program.outputs)), staged=self.floors.stored)
         runs = chain_runs(self.program)
         self._run_of = {n.id: k for k, run in enumerate(runs) for n in run}  # program node -> its chain
         self._inner_nodes = {n.id for run in runs for n in run[:-1]}
@@ -812,13 +807,10 @@ class KernelSearch:
 
     def _overflows(self, ae: AE, chunk: Chunk | None) -> bool:
         """Could a tensor of this value, stored between kernels in the program's dtype, overflow
-        it where the program does not? Inside a kernel, sums and products run in f32; between
-        kernels a tensor is stored in the program's dtype, where the program's own values fit
-        whenever the program runs at all (its unfused schedule stores each of them). A value it
-        never holds may not fit: (X / sum(X)) @ V is about |V|, X @ V about n |V|, past f16's
-        65,504 for n = 4096 and |V| = 20; so are a weight's row sums and a chunk's partial sums.
-        In f32 or bf16 (the range of the sums inside kernels) any value may be stored."""
-        return self._narrow and (chunk is not None or self.oracle.class_of(ae) not in self._own)
+        it where the program does not (`Floors.stored`)? Per-chunk partial sums are no value of
+        the program."""
+        stored = self.floors.stored
+        return stored is not None and (chunk is not None or self.oracle.class_of(ae) not in stored)
 
     def _repeats(self, s: KState, ae: AE, shape: tuple[Size, ...], chunk: Chunk | None,
                  classes: tuple[int, ...]) -> bool:

@@ -14,7 +14,7 @@ from superopt.config import SearchConfig
 from superopt.instantiate import instantiate
 from superopt.interpreter import run_float
 from superopt.reference import evaluate, max_rel_err
-from superopt.search.block import CHAIN
+from superopt.search.block import CHAIN, program_forms
 from superopt.search.driver import run_search
 from superopt.search.kernel import KernelSearch
 from superopt.search.space import chain_runs, space_of
@@ -198,6 +198,32 @@ def test_no_schedule_stores_in_f16_a_value_the_program_never_holds(h100):
     for wide in ("f32", "bf16"):  # f32's range (bf16 has its exponent): X @ V may be stored
         out = run_search(Program.loads(p.dumps().replace('"f16"', f'"{wide}"')), h100, SearchConfig(), budget_s=60)
         assert any(isinstance(k, LibraryKernel) and k.inputs == ("X", "V") for k in out.best.sgraph.kernels), wide
+
+
+def test_no_block_matmul_reads_in_f16_a_computed_value_the_program_never_holds(h100):
+    """Tensor cores read a block matmul's operands in the program's dtype. (X @ W) * s with W the
+    smaller operand is searched as X @ (W * s) too (`program_forms`); W * s is no value of the
+    program and may overflow f16 where (X @ W) * s does not (W ~ 100, s ~ 1000, X ~ 1e-3). In
+    f16, a matmul reads only inputs, accumulators (fp32) and the program's own values; in f32
+    (which holds any such value) W * s feeds one."""
+
+    def staged_values(dtype: str) -> set[str]:
+        p = Program("colscale_mm")
+        x, w = p.input("X", (1024, 64), dtype), p.input("W", (64, 64), dtype)
+        p.output(p.op("mul", p.op("matmul", x, w), p.input("S", (1, 64), dtype)))
+        oracle = Oracle(p, forms=program_forms(p))
+        own = {oracle.class_of(ae) for ae, _ in abstract_program(p).values()}
+        ks = KernelSearch(p, space_of(p), oracle, SearchConfig(), target=h100)
+        specs = [ks._spec(t, i, False) for i, t in enumerate(ks.initial().tensors)]
+        found = set()
+        for block in ks._blocks(specs):
+            for t in block.tiles:
+                operands = [block.tiles[a] for a in t.args] if t.op == "matmul" else []
+                found |= {o.op for o in operands if o.op not in ("input", "acc") and oracle.class_of(o.ae) not in own}
+        return found
+
+    assert staged_values("f16") == set()
+    assert staged_values("f32") == {"mul"}
 
 
 def test_a_block_walk_stops_when_the_bound_falls_below_its_floor_and_resumes_whole(h100):
