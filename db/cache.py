@@ -37,7 +37,7 @@ from superopt.db.engine import Database
 from superopt.db.errors import CacheIntegrityWarning, NotFound, stored_id
 from superopt.db.integrity import Signer, candidate_fields, sign_job, signer_for, winner_fields
 from superopt.db.keys import CacheKey, check_hash_prefix, signature
-from superopt.db.models import Candidate, Job, JobState, Target, Winner, Workload, utcnow
+from superopt.db.models import Candidate, Job, JobState, Target, Winner, Workload, iso, utcnow
 from superopt.digest import canonical_json
 from superopt.limits import printable
 from superopt.program import Program, ProgramError
@@ -67,10 +67,10 @@ class CacheEntry:
     version: str
     time_us: float
     baseline_time_us: float
-    created_at: datetime
+    created_at: datetime | None  # None: unreadable (`models.Timestamp`)
 
     def to_json(self) -> dict[str, Any]:
-        return {**asdict(self), "created_at": self.created_at.isoformat(timespec="seconds") + "Z"}
+        return {**asdict(self), "created_at": iso(self.created_at)}
 
 
 @dataclass(frozen=True)

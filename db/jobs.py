@@ -45,7 +45,7 @@ from superopt.db.engine import Database
 from superopt.db.errors import Conflict, NotFound, RequestError, stored_id
 from superopt.db.integrity import job_fields, sign_job, signer_for
 from superopt.db.keys import CacheKey
-from superopt.db.models import Job, JobState, utcnow
+from superopt.db.models import Job, JobState, iso, utcnow
 from superopt.program import Program
 from superopt.targets import TARGETS, fingerprint
 from superopt.targets import target as costmodel_target
@@ -93,21 +93,18 @@ class JobView:
     worker_id: str | None
     cache_hit: bool
     result: dict[str, Any] | None
-    created_at: datetime
+    created_at: datetime | None  # None: unreadable (`models.Timestamp`)
     started_at: datetime | None
     finished_at: datetime | None
 
     def to_json(self) -> dict[str, Any]:
-        def ts(t: datetime | None) -> str | None:
-            return t.isoformat(timespec="seconds") + "Z" if t else None
-
         return {
             "id": self.id, "state": self.state.value, "progress": self.progress, "error": self.error,
             "result": self.result, "program": {"name": self.program_name, "hash": self.program_hash},
             "target": self.target, "config_hash": self.config_hash, "budget_s": self.budget_s,
             "max_states": self.max_states, "force": self.force, "attempts": self.attempts,
-            "worker_id": self.worker_id, "cache_hit": self.cache_hit, "created_at": ts(self.created_at),
-            "started_at": ts(self.started_at), "finished_at": ts(self.finished_at),
+            "worker_id": self.worker_id, "cache_hit": self.cache_hit, "created_at": iso(self.created_at),
+            "started_at": iso(self.started_at), "finished_at": iso(self.finished_at),
         }
 
 

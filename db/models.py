@@ -20,8 +20,10 @@ import enum
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import JSON, CheckConstraint, ForeignKey, Index, MetaData, String, Text, UniqueConstraint
+from sqlalchemy import JSON, CheckConstraint, DateTime, ForeignKey, Index, MetaData, String, Text, UniqueConstraint
+from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+from sqlalchemy.types import TypeDecorator
 
 NAMING = {
     "ix": "ix_%(table_name)s_%(column_0_N_name)s",
@@ -36,9 +38,36 @@ def utcnow() -> datetime:
     return datetime.now(UTC).replace(tzinfo=None)
 
 
+def iso(t: datetime | None) -> str | None:
+    """A stored time as the API and the dashboard write it (None: none, or unreadable: `Timestamp`)."""
+    return None if t is None else t.isoformat(timespec="seconds") + "Z"
+
+
+class Timestamp(TypeDecorator[datetime]):
+    """A time column. SQLite stores times as text, so an editor of the database can put any text
+    there: such a value reads as no time (None), where parsing it failed the whole read (a 500
+    from the service, a traceback from the CLI)."""
+
+    impl = DateTime
+    cache_ok = True
+
+    def result_processor(self, dialect: Dialect, coltype: object) -> Any:
+        parse = self.impl_instance.result_processor(dialect, coltype)
+        if parse is None:
+            return None  # the driver returns times (PostgreSQL's columns hold nothing else)
+
+        def lenient(value: Any) -> datetime | None:
+            try:
+                return parse(value)
+            except (ValueError, TypeError):
+                return None
+
+        return lenient
+
+
 class Base(DeclarativeBase):
     metadata = MetaData(naming_convention=NAMING)
-    type_annotation_map = {dict[str, Any]: JSON}  # noqa: RUF012 - SQLAlchemy reads it as a class attribute
+    type_annotation_map = {dict[str, Any]: JSON, datetime: Timestamp}  # noqa: RUF012 - read as a class attribute
 
 
 class JobState(enum.StrEnum):

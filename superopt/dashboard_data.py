@@ -20,7 +20,7 @@ from superopt.db.cache import CacheEntry, KernelCache
 from superopt.db.engine import Database
 from superopt.db.jobs import served_ending
 from superopt.db.keys import check_hash_prefix
-from superopt.db.models import Job, Winner, Workload
+from superopt.db.models import Job, Winner, Workload, iso
 
 JOBS_SHOWN = 100  # the jobs page lists the newest jobs; ?limit= shows more, up to JOBS_MAX
 JOBS_MAX = 1000
@@ -45,7 +45,8 @@ def recent_jobs(db: Database, limit: int = JOBS_SHOWN) -> list[dict[str, Any]]:
 
 
 def job_row(job_id: int, state: str, name: str, program_hash: str, target: str, progress: dict[str, Any] | None,
-            result: dict[str, Any] | None, error: str | None, cache_hit: bool, created_at: datetime) -> dict[str, Any]:
+            result: dict[str, Any] | None, error: str | None, cache_hit: bool, created_at: datetime | None,
+            ) -> dict[str, Any]:
     """A job as the dashboard shows it (small: polled every 2 s)."""
     # (unsigned columns edited to another JSON kind show nothing, not a failed page)
     r, p = (v if isinstance(v, dict) else {} for v in (result, progress))
@@ -53,7 +54,7 @@ def job_row(job_id: int, state: str, name: str, program_hash: str, target: str, 
         "id": job_id, "state": state, "program": name, "hash": program_hash[:12], "target": target,
         "phase": p.get("phase"), "states": p.get("states"), "verified": p.get("verified"),
         "best_time_us": p.get("best_time_us"), "speedup": r.get("speedup"), "kernel_id": r.get("kernel_id"),
-        "cache_hit": cache_hit, "error": error, "created_at": created_at.isoformat(timespec="seconds") + "Z",
+        "cache_hit": cache_hit, "error": error, "created_at": iso(created_at),
     }
 
 

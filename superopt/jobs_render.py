@@ -76,7 +76,7 @@ def entries_table(entries: list[CacheEntry]) -> Table:
             str(e.kernel_id), _plain(e.program_name), _plain(e.program_hash[:12]), shapes, _plain(e.target),
             _plain(e.config_hash[:8]), _plain(e.version),
             _us(e.time_us), _us(e.baseline_time_us), _x(e.baseline_time_us / e.time_us if e.time_us > 0 else None),
-            e.created_at.isoformat(sep=" ", timespec="seconds"),
+            "-" if e.created_at is None else e.created_at.isoformat(sep=" ", timespec="seconds"),
         )
     return t
 

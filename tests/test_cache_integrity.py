@@ -402,3 +402,34 @@ def test_one_winner_answers_every_naming_of_its_program(db):
         assert (hit.best.sgraph.name, hit.baseline.sgraph.name) == (f"{program.name}.searched", f"{program.name}.unfused")
         assert hit.best.cuda is not None and set(hit.best.launch[0]["args"]) & {"X", "W", "A", "B"} == names
         assert verify(program, hit.best.sgraph, target=TARGETS["h100"]).proved
+
+
+def test_text_edited_into_a_time_column_reads_as_no_time(tmp_path):
+    """SQLite stores times as text: a job's created_at edited to 'garbage' made GET /jobs/{id} and
+    the dashboard's job list answer 500 (the row failed to parse). An unreadable time reads as
+    none: the job, the cache listing and the CLI are served, that time shown as null or '-'."""
+    from fastapi.testclient import TestClient
+    from sqlalchemy import text
+
+    from superopt.service import create_app
+
+    url = f"sqlite:///{tmp_path / 'cache.db'}"
+    db = open_database(url)
+    cache, program, summary = stored(db)
+    job = JobQueue(db).submit(workloads.resolve("ntrans:ci"), target="h100")
+    with db.writer.connect() as conn:
+        conn.execute(text("UPDATE job SET created_at = 'garbage', started_at = 'soon' WHERE id = :id"), {"id": job.id})
+        conn.execute(text("UPDATE winner SET created_at = 'yesterday'"))
+        conn.commit()
+    client = TestClient(create_app(db), base_url="http://127.0.0.1")
+    got = client.get(f"/jobs/{job.id}")
+    assert got.status_code == 200 and got.json()["created_at"] is None and got.json()["started_at"] is None
+    assert got.json()["state"] == "queued"
+    listed = client.get("/ui/jobs.json")
+    assert listed.status_code == 200 and {r["id"]: r["created_at"] for r in listed.json()["jobs"]}[job.id] is None
+    entries = client.get("/cache")
+    assert entries.status_code == 200
+    assert [(e["kernel_id"], e["created_at"]) for e in entries.json()["entries"]] == [(summary["kernel_id"], None)]
+    for args in (["status", str(job.id)], ["cache", "ls"]):
+        out = runner.invoke(app, [*args, "--db", url])
+        assert out.exit_code == 0 and "Traceback" not in out.output, out.output
