@@ -35,8 +35,9 @@ def random_inputs(program: Program) -> dict[str, np.ndarray]:
     }
 
 
-def fingerprint(kernel: GraphKernel, tensors: Mapping[str, np.ndarray]) -> tuple[bytes, ...]:
-    """The kernel's outputs, in order, evaluated untiled on `tensors` (its inputs by tensor id)."""
+def run_untiled(kernel: GraphKernel, tensors: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Every block tensor of the kernel, its block graph evaluated untiled in float64 on `tensors`
+    (its inputs by tensor id): an accumulator is the identity, as in the abstract algebra."""
     alg = FloatAlgebra(None)
     b = kernel.block
     vals: dict[str, np.ndarray] = {i.id: tensors[i.tensor] for i in b.inputs}
@@ -46,9 +47,16 @@ def fingerprint(kernel: GraphKernel, tensors: Mapping[str, np.ndarray]) -> tuple
             args = [vals[i] for i in op.inputs]
             vals[op.id] = apply(alg, op.op, args, op.attrs, [a.shape for a in args])
 
-    with np.errstate(all="ignore"):  # an exp may overflow, and so may its float32 rounding
+    with np.errstate(all="ignore"):  # an exp may overflow
         run(b.body)
         vals.update((acc.id, vals[acc.source]) for acc in b.accumulators)
         run(b.post)
-        outs = [vals[o.source] for o in b.outputs]
+    return vals
+
+
+def fingerprint(kernel: GraphKernel, tensors: Mapping[str, np.ndarray]) -> tuple[bytes, ...]:
+    """The kernel's outputs, in order, evaluated untiled on `tensors` (its inputs by tensor id)."""
+    vals = run_untiled(kernel, tensors)
+    outs = [vals[o.source] for o in kernel.block.outputs]
+    with np.errstate(all="ignore"):  # and so may its float32 rounding
         return tuple(repr(v.shape).encode() + v.astype(np.float32).tobytes() for v in outs)

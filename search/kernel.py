@@ -55,6 +55,7 @@ from superopt.search.block import BlockState, Body, Generator, InputSpec, Lazy
 from superopt.search.floors import Floors, same_classes
 from superopt.search.space import Space, chain_runs
 from superopt.search.states import FirstKernel, KState, KTensor
+from superopt.search.stored import StoredValues
 from superopt.search.tiling import PLAN_ENTRIES, Chunk, Plans, Sink, output_shape, resolve, resolve_fixed, sinks
 from superopt.search.views import ProgramViews
 from superopt.sgraph import GraphKernel, Kernel, LibraryKernel, SGraph, SGraphError, analyze, input_decls
@@ -119,6 +120,9 @@ class KernelSearch:
         self._gen = Generator(self.space, self.oracle, self.config.max_block_ops, on_state=self._tick,
                               no_loop_tilings=not self.config.concrete,
                               max_outputs=max(MAX_OUTPUTS, len(self.program.outputs)), staged=self.floors.stored)
+        # The e-classes that rule reads cannot tell some values apart: a candidate's numbers can.
+        self._stored_values = StoredValues(self.program) \
+            if self.floors.stored is not None and StoredValues.applies(self.program) else None
         runs = chain_runs(self.program)
         self._run_of = {n.id: k for k, run in enumerate(runs) for n in run}  # program node -> its chain
         self._inner_nodes = {n.id for run in runs for n in run[:-1]}
@@ -847,6 +851,9 @@ class KernelSearch:
         except SGraphError:
             self.pruned += 1
             return None
+        if self._stored_values is not None and not self._stored_values.holds(sg):
+            self.pruned += 1
+            return None  # it stores, in a narrow dtype, a value the program never holds (`StoredValues`)
         return sg
 
 

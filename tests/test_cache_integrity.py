@@ -415,7 +415,7 @@ def test_text_edited_into_a_time_column_reads_as_no_time(tmp_path):
 
     url = f"sqlite:///{tmp_path / 'cache.db'}"
     db = open_database(url)
-    cache, program, summary = stored(db)
+    _, _, summary = stored(db)
     job = JobQueue(db).submit(workloads.resolve("ntrans:ci"), target="h100")
     with db.writer.connect() as conn:
         conn.execute(text("UPDATE job SET created_at = 'garbage', started_at = 'soon' WHERE id = :id"), {"id": job.id})

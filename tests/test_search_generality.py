@@ -226,6 +226,35 @@ def test_no_block_matmul_reads_in_f16_a_computed_value_the_program_never_holds(h
     assert staged_values("f32") == {"mul"}
 
 
+def test_a_value_sharing_a_class_with_a_program_value_is_still_refused_by_its_numbers(h100):
+    """With W * transpose(s) also returned, W square, W * s falls in that value's e-class (the
+    abstract algebra keeps no layout, and the program ties W's two dim classes), so the rule by
+    e-class admits staging W * s in f16 for X @ (W * s). Its numbers differ (`StoredValues`): the
+    search offers no candidate with a block matmul reading a product it computed."""
+    p = Program("square_scaled")
+    x, w, s = p.input("X", (4096, 512), "f16"), p.input("W", (512, 512), "f16"), p.input("S", (1, 512), "f16")
+    p.output(p.op("mul", p.op("matmul", x, w), s), p.op("mul", w, p.op("transpose", s, perm=[1, 0])))
+    [form] = program_forms(p)
+    oracle = Oracle(p, forms=[form])
+    staged, held = abstract_program(form)["mul_1"][0], abstract_program(p)["mul_4"][0]
+    assert oracle.class_of(staged) == oracle.class_of(held)
+
+    def staged_products(numbers: bool) -> int:
+        ks = KernelSearch(p, space_of(p), oracle, SearchConfig(), target=h100)
+        if not numbers:
+            ks._stored_values = None
+        count = 0
+        for choice in ks.first_choices(1):
+            for sg in ks.candidates_in(1, choice):
+                for k in sg.graph_kernels:
+                    made = {o.id: o.op for o in (*k.block.body, *k.block.post)}
+                    count += sum(1 for o in k.block.body if o.op == "matmul" and "mul" in map(made.get, o.inputs))
+        return count
+
+    assert staged_products(numbers=True) == 0
+    assert staged_products(numbers=False) > 0
+
+
 def test_a_block_walk_stops_when_the_bound_falls_below_its_floor_and_resumes_whole(h100):
     """A block space is cut while it is walked, at the first state after the bound drops below
     the floor of every graph it leads to (by a candidate proved meanwhile, or the probe); a later
