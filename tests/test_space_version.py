@@ -41,6 +41,7 @@ NOT_SPACE = {
     "PROBE_AFTER_STATES": "the probe finds a bound early", "PROBE_ROOM": "the probe finds a bound early",
     "HOLD_STATES": "the order candidates are proved in", "FULL_COLLECTION_AFTER": "garbage collection",
     "SIZES": "the fingerprint's sizes, to tell values apart", "SEED": "the fingerprint's random values",
+    "RTOL": "how near two values computed in float64 must be to be one (`StoredValues`), to tell them apart",
     "TIE": "estimates that equal within rounding",
     "_ORDER": "the canonical order of ops: the same ops in another order",
     "VIEWS": "a fact of the ops (their results are views of what they read), not a bound",
