@@ -121,8 +121,7 @@ class KernelSearch:
                               no_loop_tilings=not self.config.concrete,
                               max_outputs=max(MAX_OUTPUTS, len(self.program.outputs)), staged=self.floors.stored)
         # The e-classes that rule reads cannot tell some values apart: a candidate's numbers can.
-        self._stored_values = StoredValues(self.program) \
-            if self.floors.stored is not None and StoredValues.applies(self.program) else None
+        self._stored_values = None if self.floors.stored is None else StoredValues.of(self.program)
         runs = chain_runs(self.program)
         self._run_of = {n.id: k for k, run in enumerate(runs) for n in run}  # program node -> its chain
         self._inner_nodes = {n.id for run in runs for n in run[:-1]}

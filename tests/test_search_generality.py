@@ -5,6 +5,7 @@ product moved onto its operand (scripts/bench_generality.py measures the same on
 from __future__ import annotations
 
 import random
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -13,14 +14,18 @@ from superopt import Program, costmodel, workloads
 from superopt.config import SearchConfig
 from superopt.instantiate import instantiate
 from superopt.interpreter import run_float
+from superopt.loading import load_program
 from superopt.reference import evaluate, max_rel_err
 from superopt.search.block import CHAIN, program_forms
 from superopt.search.driver import run_search
 from superopt.search.kernel import KernelSearch
 from superopt.search.space import chain_runs, space_of
+from superopt.search.stored import StoredValues
+from superopt.search.views import ProgramViews
 from superopt.sgraph import GraphKernel, LibraryKernel
 from superopt.verifier.oracle import Oracle, abstract_program, mk
 
+REPO = Path(__file__).resolve().parent.parent
 CHAIN_OPS = ("bias", "scale", "gelu", "silu", "sigmoid", "relu", "residual")
 
 
@@ -253,6 +258,22 @@ def test_a_value_sharing_a_class_with_a_program_value_is_still_refused_by_its_nu
 
     assert staged_products(numbers=True) == 0
     assert staged_products(numbers=False) > 0
+
+
+def test_a_program_with_a_reshape_is_checked_in_numbers_at_shrunk_sizes(h100):
+    """A reshape's attributes name real sizes, so a program with one is checked at `shrink`'s
+    (attention over the heads of a projected K): the check is on, the search still finds the
+    fused 5.7 us schedule, and a value kept counts as the program's up to a transpose or a
+    shrinking scale, not a growing one or a shifted one."""
+    p = load_program(str(REPO / "scripts" / "programs" / "attention_heads_k.json"))
+    searched = ProgramViews(p).program
+    check = StoredValues.of(searched)
+    assert check is not None and check.small is not searched
+    out = run_search(p, h100, SearchConfig(), budget_s=60)
+    assert out.best.verdict.proved and out.best.best.estimate.time_us < 6.0
+    value = next(v for values in check._by_shape.values() for v in values if v.ndim == 3 and len(set(v.shape)) == 3)
+    assert all(check._own(v) for v in (value, 0.5 * value, np.transpose(value, (1, 0, 2))))
+    assert not any(check._own(v) for v in (2 * value, value + 1))
 
 
 def test_a_block_walk_stops_when_the_bound_falls_below_its_floor_and_resumes_whole(h100):

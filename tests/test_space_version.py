@@ -42,6 +42,8 @@ NOT_SPACE = {
     "HOLD_STATES": "the order candidates are proved in", "FULL_COLLECTION_AFTER": "garbage collection",
     "SIZES": "the fingerprint's sizes, to tell values apart", "SEED": "the fingerprint's random values",
     "RTOL": "how near two values computed in float64 must be to be one (`StoredValues`), to tell them apart",
+    "SHRINK_CAP": "the small sizes `StoredValues` checks a program with a reshape at, to tell values apart",
+    "MAX_ELEMENTS": "how large a program `StoredValues` checks its candidates against, a cost",
     "TIE": "estimates that equal within rounding",
     "_ORDER": "the canonical order of ops: the same ops in another order",
     "VIEWS": "a fact of the ops (their results are views of what they read), not a bound",
