@@ -52,6 +52,8 @@ class Timestamp(TypeDecorator[datetime]):
     cache_ok = True
 
     def result_processor(self, dialect: Dialect, coltype: object) -> Any:
+        # Overridden, against TypeDecorator's advice, because `process_result_value` runs after
+        # the dialect's parse: it never sees the text that failed it.
         parse = self.impl_instance.result_processor(dialect, coltype)
         if parse is None:
             return None  # the driver returns times (PostgreSQL's columns hold nothing else)

@@ -31,8 +31,9 @@ MAX_ELEMENTS = 1 << 16  # of a shrunk program's largest value: checked for every
 
 
 class StoredValues:
-    """The program's node values at small sizes, by the sorted shape of each (a transpose's shape
-    sorts the same), and the check of a candidate against them (`holds`). `of` makes one."""
+    """The program's node values at small sizes without their size-1 dims (a kept reduced dim
+    holds the same numbers), by the sorted shape of each (a transpose's shape sorts the same),
+    and the check of a candidate against them (`holds`). `of` makes one."""
 
     def __init__(self, program: Program, small: Program, inputs: dict[str, np.ndarray]) -> None:
         self.program, self.small, self.inputs = program, small, inputs
@@ -49,7 +50,8 @@ class StoredValues:
         self._by_shape: dict[tuple[int, ...], list[np.ndarray]] = {}
         for n in small.topological():
             if n.op != Op.CONST:
-                self._by_shape.setdefault(tuple(sorted(values[n.id].shape)), []).append(values[n.id])
+                value = np.squeeze(values[n.id])
+                self._by_shape.setdefault(tuple(sorted(value.shape)), []).append(value)
 
     @classmethod
     def of(cls, program: Program) -> StoredValues | None:
@@ -98,6 +100,7 @@ class StoredValues:
         return all(self._own(tensors[t]) for k in sg.kernels for t in k.outputs if t not in sg.outputs)
 
     def _own(self, v: np.ndarray) -> bool:
+        v = np.squeeze(v)
         for u in self._by_shape.get(tuple(sorted(v.shape)), []):
             for perm in permutations(range(u.ndim)):
                 w = np.transpose(u, perm)

@@ -263,8 +263,8 @@ def test_a_value_sharing_a_class_with_a_program_value_is_still_refused_by_its_nu
 def test_a_program_with_a_reshape_is_checked_in_numbers_at_shrunk_sizes(h100):
     """A reshape's attributes name real sizes, so a program with one is checked at `shrink`'s
     (attention over the heads of a projected K): the check is on, the search still finds the
-    fused 5.7 us schedule, and a value kept counts as the program's up to a transpose or a
-    shrinking scale, not a growing one or a shifted one."""
+    fused 5.7 us schedule, and a value kept counts as the program's up to a transpose, a size-1
+    dim or a shrinking scale, not a growing one or a shifted one."""
     p = load_program(str(REPO / "scripts" / "programs" / "attention_heads_k.json"))
     searched = ProgramViews(p).program
     check = StoredValues.of(searched)
@@ -272,7 +272,7 @@ def test_a_program_with_a_reshape_is_checked_in_numbers_at_shrunk_sizes(h100):
     out = run_search(p, h100, SearchConfig(), budget_s=60)
     assert out.best.verdict.proved and out.best.best.estimate.time_us < 6.0
     value = next(v for values in check._by_shape.values() for v in values if v.ndim == 3 and len(set(v.shape)) == 3)
-    assert all(check._own(v) for v in (value, 0.5 * value, np.transpose(value, (1, 0, 2))))
+    assert all(check._own(v) for v in (value, 0.5 * value, np.transpose(value, (1, 0, 2)), value[np.newaxis]))
     assert not any(check._own(v) for v in (2 * value, value + 1))
 
 
