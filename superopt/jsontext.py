@@ -1,7 +1,8 @@
 """JSON text that users hand over (files, batch lines, request bodies), parsed into one clear
 message when it cannot be: besides malformed text, the decoder fails on bytes that are not UTF-8,
 on nesting deeper than Python's recursion limit and on integers of more than 4,300 digits, each
-with an exception of its own."""
+with an exception of its own. A key given twice in one object is refused too: Python's decoder
+keeps the last, so a program with two "shape" fields would silently be one of them."""
 
 from __future__ import annotations
 
@@ -27,11 +28,25 @@ def json_problem(e: BaseException) -> str | None:
     return None
 
 
+def _unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise ValueError(f"the key {key!r} is given twice in one object")
+        out[key] = value
+    return out
+
+
+def loads(text: str | bytes) -> Any:
+    """`json.loads`, refusing a key given twice in one object (ValueError, as its other failures)."""
+    return json.loads(text, object_pairs_hook=_unique)
+
+
 def parse_json(text: str | bytes) -> Any:
     """The document in `text`; bytes must be UTF-8 (json.loads would guess UTF-16 or UTF-32
     from their first bytes), a byte-order mark aside."""
     try:
-        return json.loads(text.decode("utf-8-sig") if isinstance(text, bytes) else text)
+        return loads(text.decode("utf-8-sig") if isinstance(text, bytes) else text)
     except (ValueError, RecursionError) as e:
         raise JSONTextError(json_problem(e)) from None
 

@@ -31,7 +31,7 @@ import asyncio
 import logging
 import re
 import secrets
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Coroutine, Mapping
 from typing import Annotated, Any
 
 from fastapi import Depends, FastAPI, Header, Query, Request
@@ -39,7 +39,7 @@ from fastapi.dependencies.models import Dependant
 from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import HTTPException, RequestValidationError
 from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html
-from fastapi.responses import HTMLResponse, JSONResponse
+from fastapi.responses import HTMLResponse, JSONResponse, Response
 from fastapi.routing import APIRoute
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel, Field
@@ -57,6 +57,7 @@ from superopt.db.errors import Conflict, NotFound, RequestError
 from superopt.db.jobs import JobQueue
 from superopt.jobspec import JobRequest, request_error
 from superopt.jsontext import json_problem
+from superopt.jsontext import loads as strict_loads
 from superopt.limits import shown
 
 LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "[::1]")
@@ -128,6 +129,28 @@ def _answer(status: int, field: str, detail: str, headers: Mapping[str, str] | N
 def _unavailable() -> JSONResponse:
     """503: the request may well succeed once the database is back, which Retry-After says."""
     return _answer(503, "database", "database: unreachable; try again later", {"Retry-After": str(RETRY_AFTER_S)})
+
+
+class StrictJSONRequest(Request):
+    """A request whose JSON body refuses a key given twice in one object (`jsontext.loads`), as
+    files and batch lines do; FastAPI's decoder keeps the last one."""
+
+    async def json(self) -> Any:
+        if not hasattr(self, "_json"):
+            self._json = strict_loads(await self.body())
+        return self._json
+
+
+class StrictJSONRoute(APIRoute):
+    """A route that hands its endpoint a `StrictJSONRequest` (a failure is answered by `_unparsed`)."""
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        handler = super().get_route_handler()
+
+        async def strict(request: Request) -> Response:
+            return await handler(StrictJSONRequest(request.scope, request.receive))
+
+        return strict
 
 
 class BodyLimit:
@@ -254,6 +277,7 @@ def create_app(
 ) -> FastAPI:
     app = FastAPI(title="superopt", version=superopt.__version__, summary=__doc__.splitlines()[0],
                   docs_url=None, redoc_url=None, openapi_url=None)  # served below, behind the token
+    app.router.route_class = StrictJSONRoute
     app.add_middleware(BodyLimit, max_bytes=max_body_bytes)
     app.add_middleware(BodyDeadline, seconds=body_timeout_s)
     app.add_middleware(HostAllowList, hosts=allowed_hosts)

@@ -109,7 +109,10 @@ def test_check_missing_file_and_bad_json(tmp_path):
     # The decoder's other failures: one line each too, not a traceback.
     for text, message in ((b"[" * 200_000, "not valid JSON: nested too deeply"),
                           (b"\xff\xfe{}", "not UTF-8 text (invalid start byte at byte 0)"),
-                          (b'{"shape": [' + b"9" * 5000 + b"]}", "not valid JSON: Exceeds the limit (4300 digits)")):
+                          (b'{"shape": [' + b"9" * 5000 + b"]}", "not valid JSON: Exceeds the limit (4300 digits)"),
+                          # Python's decoder keeps the last of a key given twice: one of two shapes, silently
+                          (b'{"nodes": [{"id": "X", "shape": [4, 8], "shape": [8, 4]}]}',
+                           "not valid JSON: the key 'shape' is given twice in one object")):
         f.write_bytes(text)
         for command in (["check", str(f)], ["verify", "gqa:ci", str(f)], ["optimize", str(f)]):
             res = invoke(*command)

@@ -109,6 +109,7 @@ BAD = [
     ("not json", "POST", "/jobs", {"content": b"{bad", "headers": {"content-type": "application/json"}}, 422, "body", "not valid JSON"),
     ("nested too deeply", "POST", "/jobs", {"content": b'{"program":' + b"[" * 4000 + b"]" * 4000 + b"}", "headers": {"content-type": "application/json"}}, 422, "body", "nested too deeply"),
     ("not utf-8", "POST", "/jobs", {"content": b'{"program":"\xff\xfe"}', "headers": {"content-type": "application/json"}}, 422, "body", "not UTF-8 text"),
+    ("a key twice", "POST", "/jobs", {"content": b'{"program":"gqa:ci","target":"h100","target":"a100"}', "headers": {"content-type": "application/json"}}, 422, "body", "not valid JSON: the key 'target' is given twice in one object"),
     ("integer too long", "POST", "/jobs", {"content": b'{"program":"gqa:ci","max_states":' + b"9" * 5000 + b"}", "headers": {"content-type": "application/json"}}, 422, "body", "digits"),
     ("a list", "POST", "/jobs", {"json": [1, 2]}, 422, "body", "dictionary"),
     ("no program", "POST", "/jobs", {"json": {"target": "h100"}}, 422, "program", "required"),
