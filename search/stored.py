@@ -20,7 +20,7 @@ import numpy as np
 from superopt.ops import Op
 from superopt.primitives import apply
 from superopt.program import Program, ProgramError
-from superopt.reference import FloatAlgebra
+from superopt.reference import FloatAlgebra, node_values
 from superopt.search.fingerprint import SEED, random_inputs, run_untiled
 from superopt.sgraph import GraphKernel, SGraph
 from superopt.shrink import shrink, shrink_sgraph
@@ -37,15 +37,8 @@ class StoredValues:
 
     def __init__(self, program: Program, small: Program, inputs: dict[str, np.ndarray]) -> None:
         self.program, self.small, self.inputs = program, small, inputs
-        alg = FloatAlgebra(None)
-        values: dict[str, np.ndarray] = {}
         with np.errstate(all="ignore"):
-            for n in small.topological():
-                if n.op == "input":
-                    values[n.id] = inputs[n.id]
-                    continue
-                args = [values[i] for i in n.inputs]
-                values[n.id] = np.asarray(apply(alg, n.op, args, n.attrs, [a.shape for a in args]), dtype=np.float64)
+            values = node_values(small, inputs, FloatAlgebra(None))
         self.finite = all(np.isfinite(v).all() for v in values.values())
         self._by_shape: dict[tuple[int, ...], list[np.ndarray]] = {}
         for n in small.topological():

@@ -112,17 +112,22 @@ def evaluate(program: Program, inputs: Mapping[str, np.ndarray], exact: bool = T
 
 
 def _node_values(program: Program, inputs: Mapping[str, np.ndarray], exact: bool = True) -> dict[str, np.ndarray]:
-    alg = FloatAlgebra(None if exact else dtype(program.dtype))
+    for n in program.inputs:
+        if np.shape(inputs[n.id]) != n.shape:
+            raise ValueError(f"input {n.id!r} has shape {np.shape(inputs[n.id])}, the program declares {n.shape}")
+    return node_values(program, inputs, FloatAlgebra(None if exact else dtype(program.dtype)))
+
+
+def node_values(program: Program, inputs: Mapping[str, np.ndarray], alg: FloatAlgebra) -> dict[str, np.ndarray]:
+    """Every node's value on `inputs` in `alg`'s arithmetic. The inputs may have other sizes than
+    the program declares, where its ops allow (no reshape): the search's checks at small sizes."""
     values: dict[str, np.ndarray] = {}
     for n in program.topological():
         if n.op == "input":
-            arr = np.asarray(inputs[n.id])
-            if arr.shape != n.shape:
-                raise ValueError(f"input {n.id!r} has shape {arr.shape}, the program declares {n.shape}")
-            values[n.id] = alg.round(alg.cast(arr), dtype(n.dtype or "f32"))
+            values[n.id] = alg.round(alg.cast(np.asarray(inputs[n.id])), dtype(n.dtype or "f32"))
             continue
         args = [values[i] for i in n.inputs]
-        out = apply(alg, n.op, args, n.attrs, [program.nodes[i].shape for i in n.inputs])
+        out = apply(alg, n.op, args, n.attrs, [np.shape(a) for a in args])
         values[n.id] = alg.round(out, dtype(n.dtype) if n.dtype else None)
     return values
 
