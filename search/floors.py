@@ -8,8 +8,10 @@ bandwidth, or the cost model's least estimate of each kernel over every size its
 and of the kernels to come: a last library or graph kernel (`last_kernel_floor`, `_whole_floor`),
 a middle kernel and what must follow it (`middle_floor`; over program inputs only, once known, the
 least time of the kernels it can be, `middle_least`; `_last_after`, `_after_middle`), the
-merge of per-chunk partials (`merged_later`), a kernel completing a loop body (`body_floor`). The
-search cuts a state whose floor exceeds the bound (`bound_s`: the best proved candidates' time).
+merge of per-chunk partials (`merged_later`), a kernel completing a loop body (`body_floor`), and
+in a narrow dtype the kernels to come as paths over the program values they may store
+(`paths_floor`, `paths_after`: `search.paths`). The search cuts a state whose floor exceeds the
+bound (`bound_s`: the best proved candidates' time).
 First kernels computing the same values are ranked by their floors, and those that others beat are
 dropped (`undominated`).
 Every floor is below the cost model's estimate of every graph it stands for: a cut never loses a
@@ -27,14 +29,15 @@ from typing import Any
 
 from superopt import costmodel, ops
 from superopt.assignments import bounded_candidates, divisors
-from superopt.config import SearchConfig
-from superopt.dimclasses import NO_CLASS, dim_classes
+from superopt.config import MAX_OUTPUTS, SearchConfig
+from superopt.dimclasses import NO_CLASS, dim_classes, input_classes
 from superopt.dtypes import dtype as get_dtype
 from superopt.object_cache import BoundedDict, ObjectCache
 from superopt.ops import Op
 from superopt.program import Node, Program
 from superopt.search.block import BlockState
 from superopt.search.fingerprint import fingerprint, random_inputs
+from superopt.search.paths import ValuePaths
 from superopt.search.space import Space
 from superopt.search.states import FirstKernel, KState, KTensor, input_leaves
 from superopt.search.tiling import axis_options, sinks, splittable_classes
@@ -109,6 +112,14 @@ class Floors:
         self.stored: frozenset[str | None] | None = frozenset(
             self.oracle.class_of(ae) for n, (ae, _) in values.items()
             if self.program.nodes[n].op != Op.CONST) if narrow else None
+        # Where a tensor between kernels holds only those values, the kernels to come are paths over
+        # them (`ValuePaths`), given no free view among them and dims that reshapes do not scramble.
+        self.paths = None if not self._reach or self._free_kernels or self.target is None else ValuePaths.of(
+            self.program, self.oracle, values, self._reachable(
+                [KTensor(n.id, n.size_shape, values[n.id][0], input_classes(self.program)[n.id])
+                 for n in self.program.inputs]),
+            self.stored, self._class_sizes, self._nbytes, self.target, self.config.max_block_inputs,
+            max(MAX_OUTPUTS, len(self.program.outputs)), self.config.max_grid_axes, self.space.library_ops)
 
     def cut(self, floor: str) -> None:
         """Count a cut by the bound: which floor made it says where the time of a search goes."""
@@ -441,25 +452,63 @@ class Floors:
         kernel's least time (`_middle_own`, or over program inputs only, once known, the least
         time of the kernels they make: `middle_least`), then each later one's launch and what
         they must move (`owed`), or when one kernel follows and `then_last` says it is the
-        last (not so for a first kernel kept for deeper graphs), its least time (`_last_after`).
-        Once a block graph of that kernel is known, `own` and `unread` (`tiled_floor`) raise
-        its least time and what the later kernels must read."""
+        last (not so for a first kernel kept for deeper graphs), its least time (`_last_after`);
+        or, where larger, this kernel and the later ones as paths over program values
+        (`paths_after`). Once a block graph of that kernel is known, `own` and `unread`
+        (`tiled_floor`) raise its least time and what the later kernels must read."""
         spent = self.spent(s)
         rest = self.space.launches(later) * self.launch_s
         owed = self.owed(s)
         last = self._last_after(s) if later == 1 and then_last else None
-        known: dict[tuple[int, ...], tuple[float, float, float]] = {}  # per subset: (own, owed bytes, last)
+        # the kernels after it: exactly `later`, or for a first kernel kept for every depth, any number
+        after = [later] if then_last else list(range(1, self.config.max_kernel_ops - len(s.kernels)))
+        paths = self.paths_after(s, after, self.bound_s - spent)
+        known: dict[tuple[int, ...], tuple[float, float, float, float]] = {}  # per subset: (own, owed, last, paths)
 
         def floor(subset: tuple[int, ...], own: float = 0.0, unread: float = 0.0) -> float:
             if (parts := known.get(subset)) is None:
                 least = self._middle_own(s, subset)
                 if (walked := self.middle_key(s, subset, part)) is not None:
                     least = max(least, self.middle_least.get(walked, 0.0))
-                parts = known[subset] = (least, owed(subset), 0.0 if last is None else last(subset))
-            least, owes, last_s = parts
-            return spent + max(least, own) + max(rest + (owes + unread) / self.bandwidth, last_s)
+                parts = known[subset] = (least, owed(subset), 0.0 if last is None else last(subset),
+                                         0.0 if paths is None else paths(subset))
+            least, owes, last_s, path_s = parts
+            return spent + max(max(least, own) + max(rest + (owes + unread) / self.bandwidth, last_s), path_s)
 
         return floor
+
+    def paths_after(
+        self, s: KState, kernels: Sequence[int], budget: float,
+    ) -> Callable[[tuple[int, ...]], float] | None:
+        """The least time of a kernel over a subset of the tensors of `s` and then one of these
+        numbers of kernels (`ValuePaths.after`: what it can write decides what the later ones
+        must do), where within `budget`, else a lower bound over it; None where the paths bound
+        nothing (`paths` None, or a tensor of `s` holds no program value: partials)."""
+        if self.paths is None or not kernels or any(t.chunk is not None for t in s.tensors):
+            return None
+        classes = [self.oracle.class_of(t.ae) for t in s.tensors]
+        held = self.paths.held(classes)
+        if held is None:
+            return None
+        paths = self.paths
+
+        def floor(subset: tuple[int, ...]) -> float:
+            reads = paths.held([classes[i] for i in subset])
+            return 0.0 if reads is None else paths.after(held, reads, kernels, budget)
+
+        return floor
+
+    def paths_floor(self, s: KState, kernels: int) -> float:
+        """The least time of `s` and `kernels` more kernels, as paths over the program values they
+        may store (`ValuePaths.least`, asked only as far as the bound: a lower bound above it);
+        0 where those bound nothing."""
+        if self.paths is None or any(t.chunk is not None for t in s.tensors):
+            return 0.0
+        held = self.paths.held([self.oracle.class_of(t.ae) for t in s.tensors])
+        if held is None:
+            return 0.0
+        spent = self.spent(s)
+        return spent + self.paths.least(held, kernels, self.bound_s - spent)
 
     def tiled_floor(self, s: KState, subset: tuple[int, ...], block: BlockState) -> tuple[float, float] | None:
         """A floor of every graph kernel that block graph `block` over these tensors of `s` tiles

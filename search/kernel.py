@@ -517,6 +517,9 @@ class KernelSearch:
                     floors.merged_later(state, lambda chunks: chunks * floors.iteration_s)) > floors.bound_s:
                 floors.cut("kernels so far")
                 return
+            if floors.paths_floor(state, left) > floors.bound_s:
+                floors.cut("value paths")
+                return
         if len(state.kernels) == depth:
             cand = self._candidate(state)
             if cand is not None:

@@ -29,6 +29,7 @@ REPO = Path(__file__).resolve().parent.parent
 NOT_SPACE = {
     "_SURFACE": "the names the package hands out (search/__init__.py), by module",
     "DEFAULT_BUDGET_S": "a budget: how long to look",
+    "MAX_VALUES": "where a bound applies (the value paths), not what it admits: the same candidates",
     "COMMUTATIVE": "a symmetry: the other operand order computes the same value",
     "UNIT": "the class number of a size-1 dim",
     "SPLIT_WIDTH": "how a walk is dealt out to parts: all parts together walk it whole",

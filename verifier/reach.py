@@ -52,6 +52,21 @@ class Reach:
         self._edges = self._simplifications()
         self._memo: BoundedDict[frozenset[tuple[str, Dims]], dict[str, Dims]] = BoundedDict(CLOSURES)
 
+    @property
+    def classes(self) -> list[str]:
+        """Every e-class of the e-graph."""
+        return list(self._reps)
+
+    @property
+    def rules(self) -> list[tuple[str, tuple[str, ...], int | None]]:
+        """(class, operand classes, reduced dim class or None) for each e-node a kernel can apply."""
+        return self._rules
+
+    @property
+    def edges(self) -> list[tuple[str, str, int | None]]:
+        """(class, class the builder's rewrites can make it, reduced dim class or None)."""
+        return self._edges
+
     def of(self, start: Mapping[str, Dims]) -> Mapping[str, Dims]:
         """Every e-class a kernel reading values of these classes (each spanning these dims) can
         compute, with the dims every tensor of that value spans at least."""

@@ -1,0 +1,182 @@
+"""search/paths.py: the kernels to come as paths over the program values a narrow dtype stores.
+Every kernel of every candidate the search builds takes at least its floor, whole depths of
+qknorm_gqa are cut at their root, and its search completes."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+from search_helpers import in_f32
+
+from superopt import Program, workloads
+from superopt.assignments import bounded_candidates
+from superopt.config import SearchConfig
+from superopt.costmodel import kernel_floors
+from superopt.search.driver import run_search
+from superopt.search.kernel import BudgetExhausted, KernelSearch
+from superopt.search.paths import MAX_VALUES, ValuePaths
+from superopt.search.space import space_of
+from superopt.sgraph import GraphKernel
+from superopt.verifier.oracle import Oracle
+
+PROGRAMS = Path(__file__).resolve().parents[1] / "scripts" / "programs"
+QKNORM_WINNER_S = 12.872e-6  # qknorm_gqa's 3-kernel winner at its published shape (estimated)
+
+
+def search_of(spec: str, h100) -> KernelSearch:
+    program = workloads.resolve(spec)
+    return KernelSearch(program, space_of(program), Oracle(program), SearchConfig(), target=h100)
+
+
+def mask(ks: KernelSearch, *names: str) -> int:
+    """The values of these program nodes, as a `ValuePaths` mask."""
+    paths = ks.floors.paths
+    assert paths is not None
+    held = paths.held([ks.oracle.class_of(ks.floors.values[n][0]) for n in names])
+    assert held is not None
+    return held
+
+
+def inputs(ks: KernelSearch) -> int:
+    return mask(ks, *(n.id for n in ks.program.inputs))
+
+
+@pytest.mark.parametrize(("spec", "depth"), [("qknorm_gqa", 2), ("qknorm_gqa", 3), ("gqa", 3), ("rmsnorm_mlp", 3),
+                                             ("lora:ci", 3), ("gated_mlp", 3)])
+def test_no_kernel_of_a_candidate_takes_less_than_its_floor(h100, spec, depth):
+    """The candidates the search builds (a few thousand states under each first choice, no bound):
+    each kernel's least estimate over every size is at least the floor of what it reads and
+    writes, what it writes is within reach of what it reads, and the whole graph takes at least
+    the least path of its depth."""
+    ks = search_of(spec, h100)
+    paths = ks.floors.paths
+    assert paths is not None
+    found = []
+    candidate = ks._candidate
+
+    def kept(s):
+        sg = candidate(s)
+        if sg is not None:
+            found.append((s, sg))
+        return sg
+
+    ks._candidate = kept
+    for choice in ks.first_choices(depth):
+        ks.max_states = ks.total_states + 2_000
+        try:
+            for _ in ks.candidates_in(depth, choice):
+                pass
+        except BudgetExhausted:
+            pass
+    start = inputs(ks)
+    kernels = 0
+    for s, sg in found:
+        sizes = bounded_candidates(sg)
+        by_id = {t.id: t for t in s.tensors}
+        held, total = start, 0.0
+        for k in s.kernels:
+            reads = paths.held([ks.oracle.class_of(by_id[i].ae) for i in k.tensor_inputs])
+            outputs = k.outputs if isinstance(k, GraphKernel) else (k.output,)
+            writes = paths.held([ks.oracle.class_of(by_id[o].ae) for o in outputs])
+            assert reads is not None and writes is not None and reads & ~held == 0
+            assert writes & ~paths._reachable(reads) == 0
+            least = min(kernel_floors(sg, h100, k, sizes).values(), default=math.inf)  # inf: no valid sizes
+            assert paths._kernel_floor(reads, writes) <= least * (1 + 1e-9), (k.id, sg.dumps())
+            held, total, kernels = held | writes, total + least, kernels + 1
+        assert paths.least(start, depth) <= total * (1 + 1e-9)
+    assert len(found) >= 5 and kernels >= 10, (len(found), kernels)
+
+
+def test_qknorm_gqa_depths_that_cannot_win_are_cut_at_their_root(h100):
+    """qknorm_gqa at its published shape: its 12.87 us winner has three kernels (Q K, the softmax,
+    the product with V). No two kernels can beat it: the first writes one program value, and
+    the softmax's row sums need every column of exp(Q K) whole, whoever computes them. Four or
+    five kernels pay more launches than the three save. Three can (the floor is below the winner)."""
+    ks = search_of("qknorm_gqa", h100)
+    paths = ks.floors.paths
+    start = inputs(ks)
+    least = [paths.least(start, k) for k in range(1, 6)]
+    assert least[0] > QKNORM_WINNER_S and least[1] > QKNORM_WINNER_S
+    assert least[2] <= QKNORM_WINNER_S
+    assert least[3] > QKNORM_WINNER_S and least[4] > QKNORM_WINNER_S
+    ks.floors.bound_s = QKNORM_WINNER_S * (1 + 1e-6)
+    # Depth 3: a first kernel over Q alone (its norm) leaves two kernels too little, and so does
+    # one over K (whose norm, read beside K, cannot share one split of the key columns with it);
+    # over Q and K (writing Q K or its exp) it does not.
+    q, k = 0, 1
+    assert [t.id for t in ks.initial().tensors[:2]] == ["Q", "K"]
+    assert ks._first_too_slow((q,), 3, (1, 0)) and ks._first_too_slow((k,), 3, (1, 0))
+    assert not ks._first_too_slow((q, k), 3, (1, 0))
+    for depth in (2, 4, 5):
+        assert ks._first_too_slow((q, k), depth, (1, 0))
+
+
+def test_the_row_sums_of_a_softmax_keep_its_columns_whole(h100):
+    """A kernel writing softmax(Q K) from Q and K may not split K along the columns (each block's
+    row sums need all of them), so K is read again by every block along the rows: far above
+    a kernel writing Q K alone, whose blocks may split the columns. Reading the row sums as well
+    frees the columns (the sums are read, not computed). Reading K and its norm, either may be
+    split where the other gives the row sums, not both."""
+    ks = search_of("qknorm_gqa", h100)
+    paths = ks.floors.paths
+    q_k, k_bit = mask(ks, "Q", "K"), mask(ks, "K")
+    columns = next(c for c in paths.dims[paths._members(k_bit)[0]] if paths.sizes[c] == 4096)
+    probabilities, products = mask(ks, "div_8"), mask(ks, "matmul_5")
+    assert not paths._splits(q_k, k_bit, columns, probabilities)
+    assert paths._splits(q_k, k_bit, columns, products)
+    assert paths._kernel_floor(q_k, probabilities) > 4 * paths._kernel_floor(q_k, products)
+    exps = mask(ks, "exp_6")
+    assert not paths._splits(exps, exps, columns, probabilities)
+    assert paths._splits(exps | mask(ks, "sum_7"), exps, columns, probabilities)
+    norm = mask(ks, "rms_norm_4")
+    both = q_k | norm
+    assert paths._splits(both, k_bit, columns, probabilities) and paths._splits(both, norm, columns, probabilities)
+    assert not paths._splits(both, k_bit | norm, columns, probabilities)
+    assert sorted(paths._split_sets(both, columns, probabilities)) == sorted([k_bit, norm])
+
+
+def test_a_library_kernel_computes_one_op(h100):
+    """O = softmax(Q K) V: a library matmul writes O from the probabilities and V (launch and bytes),
+    but no one op writes it from exp(Q K) and V, which a graph kernel must divide by row sums
+    it computes: its floor is the graph kernel's."""
+    ks = search_of("qknorm_gqa", h100)
+    paths = ks.floors.paths
+    out = mask(ks, "O")
+    by_library = paths._kernel_floor(mask(ks, "div_8", "V"), out)
+    moved = sum(paths.nbytes[i] for i in paths._members(mask(ks, "div_8", "V", "O")))
+    assert by_library == pytest.approx(h100.launch_overhead_s + moved / h100.dram_bytes_per_s)
+    assert paths._kernel_floor(mask(ks, "exp_6", "V"), out) > 2 * by_library
+
+
+def test_paths_bound_narrow_dtypes_without_views_only(h100):
+    """In f32 a kernel may hand on any value (partial sums too); a program with a reshape has dims
+    the paths' classes do not follow; past `MAX_VALUES` values there are too many sets of them."""
+    def paths(program: Program) -> ValuePaths | None:
+        return KernelSearch(program, space_of(program), Oracle(program), SearchConfig(), target=h100).floors.paths
+
+    assert paths(workloads.resolve("qknorm_gqa")) is not None
+    assert paths(in_f32(workloads.resolve("qknorm_gqa"))) is None
+    assert paths(Program.loads((PROGRAMS / "attention_block.json").read_text())) is None
+    chain = Program("chain")
+    x = chain.input("X", (64, 256), "f16")
+    for k in range(MAX_VALUES):
+        x = chain.exp(x) if k % 2 else x * (1.0 + k)
+    chain.output(x)
+    assert paths(chain) is None
+    short = Program("short")
+    y = short.input("X", (64, 256), "f16")
+    for k in range(MAX_VALUES - 2):
+        y = short.exp(y) if k % 2 else y * (1.0 + k)
+    short.output(y)
+    assert paths(short) is not None
+
+
+@pytest.mark.slow
+def test_qknorm_gqa_at_its_published_shape_completes(h100):
+    """Every graph of up to five kernels searched or cut by a stated bound, well within the budget
+    (about 20 s on a 2-core machine; it took 23 minutes before the paths)."""
+    outcome = run_search(workloads.resolve("qknorm_gqa"), h100, SearchConfig(), budget_s=600.0)
+    assert not outcome.stats.budget_exhausted and outcome.stats.depth == 5
+    assert math.isclose(outcome.best.best.estimate.time_s, QKNORM_WINNER_S, rel_tol=1e-3)
