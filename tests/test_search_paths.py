@@ -113,6 +113,30 @@ def test_qknorm_gqa_depths_that_cannot_win_are_cut_at_their_root(h100):
         assert ks._first_too_slow((q, k), depth, (1, 0))
 
 
+def test_a_path_is_followed_only_as_far_as_the_bound(h100):
+    """`least` and `after` under a budget: the least path where it is within the budget, else a
+    lower bound of it above the budget, so that a cut by it is a cut by the least path; memoized
+    answers agree with fresh ones whatever budgets came first."""
+    def fresh() -> tuple[KernelSearch, ValuePaths]:
+        ks = search_of("qknorm_gqa", h100)
+        assert ks.floors.paths is not None
+        return ks, ks.floors.paths
+
+    ks, exact = fresh()
+    start = inputs(ks)
+    q_k = mask(ks, "Q", "K")
+    for kernels in (2, 3, 4):
+        least = exact.least(start, kernels)
+        after = exact.after(start, q_k, [kernels - 1])
+        for scale in (0.5, 0.999, 1.5):
+            _, paths = fresh()
+            got = paths.least(start, kernels, least * scale)
+            assert got == least if scale >= 1 else least * scale < got <= least, (kernels, scale, got, least)
+            assert paths.least(start, kernels) == least  # asked again without a budget: the exact one
+            got = paths.after(start, q_k, [kernels - 1], after * scale)
+            assert got == after if scale >= 1 else after * scale < got <= after, (kernels, scale, got, after)
+
+
 def test_the_row_sums_of_a_softmax_keep_its_columns_whole(h100):
     """A kernel writing softmax(Q K) from Q and K may not split K along the columns (each block's
     row sums need all of them), so K is read again by every block along the rows: far above
