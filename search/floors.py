@@ -114,12 +114,15 @@ class Floors:
             if self.program.nodes[n].op != Op.CONST) if narrow else None
         # Where a tensor between kernels holds only those values, the kernels to come are paths over
         # them (`ValuePaths`), given no free view among them and dims that reshapes do not scramble.
-        self.paths = None if not self._reach or self._free_kernels or self.target is None else ValuePaths.of(
-            self.program, self.oracle, values, self._reachable(
-                [KTensor(n.id, n.size_shape, values[n.id][0], input_classes(self.program)[n.id])
-                 for n in self.program.inputs]),
-            self.stored, self._class_sizes, self._nbytes, self.target, self.config.max_block_inputs,
-            max(MAX_OUTPUTS, len(self.program.outputs)), self.config.max_grid_axes, self.space.library_ops)
+        self.paths: ValuePaths | None = None
+        if self._reach and not self._free_kernels and self.target is not None:
+            dims = input_classes(self.program)
+            start = self._reachable([KTensor(n.id, n.size_shape, values[n.id][0], dims[n.id])
+                                     for n in self.program.inputs])  # each value's least dims
+            self.paths = ValuePaths.of(
+                self.program, self.oracle, values, start, self.stored, self._class_sizes, self._nbytes, self.target,
+                self.config.max_block_inputs, max(MAX_OUTPUTS, len(self.program.outputs)),
+                self.config.max_grid_axes, self.space.library_ops)
 
     def cut(self, floor: str) -> None:
         """Count a cut by the bound: which floor made it says where the time of a search goes."""
@@ -484,13 +487,12 @@ class Floors:
         numbers of kernels (`ValuePaths.after`: what it can write decides what the later ones
         must do), where within `budget`, else a lower bound over it; None where the paths bound
         nothing (`paths` None, or a tensor of `s` holds no program value: partials)."""
-        if self.paths is None or not kernels or any(t.chunk is not None for t in s.tensors):
-            return None
         classes = [self.oracle.class_of(t.ae) for t in s.tensors]
-        held = self.paths.held(classes)
-        if held is None:
+        held = self._held(s, classes)
+        if held is None or not kernels:
             return None
         paths = self.paths
+        assert paths is not None
 
         def floor(subset: tuple[int, ...]) -> float:
             reads = paths.held([classes[i] for i in subset])
@@ -502,13 +504,20 @@ class Floors:
         """The least time of `s` and `kernels` more kernels, as paths over the program values they
         may store (`ValuePaths.least`, asked only as far as the bound: a lower bound above it);
         0 where those bound nothing."""
-        if self.paths is None or any(t.chunk is not None for t in s.tensors):
-            return 0.0
-        held = self.paths.held([self.oracle.class_of(t.ae) for t in s.tensors])
+        held = self._held(s, [self.oracle.class_of(t.ae) for t in s.tensors])
         if held is None:
             return 0.0
+        assert self.paths is not None
         spent = self.spent(s)
         return spent + self.paths.least(held, kernels, self.bound_s - spent)
+
+    def _held(self, s: KState, classes: Sequence[str | None]) -> int | None:
+        """The program values the tensors of `s` hold (these e-classes), as a `ValuePaths` mask;
+        None where the paths bound nothing (`paths` None, or a tensor holds partials or no
+        program value)."""
+        if self.paths is None or any(t.chunk is not None for t in s.tensors):
+            return None
+        return self.paths.held(classes)
 
     def tiled_floor(self, s: KState, subset: tuple[int, ...], block: BlockState) -> tuple[float, float] | None:
         """A floor of every graph kernel that block graph `block` over these tensors of `s` tiles

@@ -79,12 +79,9 @@ class ValuePaths:
                     square.add(i)
         self.splits = [frozenset(s) for s in splits]
         self.square = square
-        self.outputs = 0
-        for k in range(len(program.outputs)):
-            out = oracle.output_class(k)
-            self.outputs |= self.bit.get(out, 0) if out is not None else 0
-        self.complete = self.outputs != 0 and all(oracle.output_class(k) in self.bit
-                                                  for k in range(len(program.outputs)))
+        outputs = [oracle.output_class(k) for k in range(len(program.outputs))]
+        self.complete = all(out in self.bit for out in outputs)  # else no path holds every output
+        self.outputs = sum(self.bit[out] for out in set(outputs) if out in self.bit)
         # A library kernel applies one op: a value at most that op's height of e-nodes above what it
         # reads (per number of distinct reads; the builder's rewrites are `Reach`'s edges, one a layer).
         self.library_depth: dict[int, int] = {}
@@ -219,8 +216,7 @@ class ValuePaths:
         each such e-node's operands must be computable without them."""
         free = {self._index[k] for k in self.reach.of(
             {self.classes[i]: self.dims[i] for i in self._members(reads & ~split)})} if reads & ~split else set()
-        have = {self._index[self.classes[i]] for i in self._members(reads)}
-        have |= {cls for cls, kids, _ in self._rules if not kids}
+        have = self._start(reads)
         changed = True
         while changed:
             changed = False
@@ -234,13 +230,17 @@ class ValuePaths:
                     changed = True
         return have
 
+    def _start(self, reads: int) -> set[int]:
+        """The e-classes a kernel has before any op: what it reads, and constants."""
+        return {self._index[self.classes[i]] for i in self._members(reads)} | \
+            {cls for cls, kids, _ in self._rules if not kids}
+
     def _layered(self, reads: int, depth: int) -> int:
         """The stored values at most `depth` e-nodes (or the builder's rewrites) above these."""
         key = (reads, depth)
         hit = self._layers.get(key)
         if hit is None:
-            have = {self._index[self.classes[i]] for i in self._members(reads)}
-            have |= {cls for cls, kids, _ in self._rules if not kids}
+            have = self._start(reads)
             for _ in range(depth):
                 new = set(have)
                 new.update(cls for cls, kids, _ in self._rules if all(k in have for k in kids))
@@ -284,12 +284,12 @@ class ValuePaths:
         least time of any kernel writing it (`_moving`), least first."""
         hit = self._writes.get(held)
         if hit is None:
+            subsets = self._subsets(held)
             can = 0
-            for reads, _ in self._subsets(held):
+            for reads, _ in subsets:
                 can |= self._reachable(reads)
-            fewest = self._subsets(held)[0][1] if self._subsets(held) else 0.0
-            hit = self._writes[held] = sorted(
-                (self._moving(fewest + self._bytes(w)), w) for w in self._sets(can))
+            fewest = subsets[0][1] if subsets else 0.0
+            hit = self._writes[held] = sorted((self._moving(fewest + self._bytes(w)), w) for w in self._sets(can))
         return hit
 
     def _sets(self, mask: int) -> list[int]:
