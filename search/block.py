@@ -101,7 +101,7 @@ class Tile(NamedTuple):
     aid: int = -1  # the expression's interned id (cheap to hash and compare)
     vid: int = -1  # the value's id: equal for expressions equal under the target's axioms (`_vid`)
     fid: int = -1  # its numeric fingerprint's id (`_fid`): tells apart values one abstract value stands for
-    gathers: bool = False  # an accumulator of an unreduced non-input tile (see _gathers)
+    gathers: bool = False  # an accumulator of an unreduced non-input tile (see `Generator._reduced`)
     consts: tuple[tuple[int, float], ...] = ()  # constant operands: (position, value)
 
 
@@ -214,6 +214,7 @@ class Generator:
         self._fid_memo: dict[tuple[Any, ...], int] = {}
         self._vid_of_class: dict[str, int] = {}
         self._subterms: dict[tuple[int, int], bool] = {}
+        self._reductions: dict[int, bool] = {}  # by interned expression: `_reduced`
         self._binary_ops = [op for op in self.space.block_ops if op in ops.BINARY or op == Op.MATMUL]
         # A chain's inner values are made by its step only (`Chain`): no other op may make one.
         outer = {self.oracle.class_of(e) for e in self.space.outer}
@@ -222,6 +223,8 @@ class Generator:
         # each chain's step attributes, and the e-classes and program dim classes of its operands
         self._chains = [((("ops", chain.ops),), [(self.oracle.class_of(e), dims) for e, dims in chain.operands])
                         for chain in self.space.chains]
+        # the most tiles one op reads less the one it makes: how far it can lower the unread ones
+        self._merged = max([2, *(len(chain.operands) for chain in self.space.chains)]) - 1
 
     def forget(self) -> None:
         """Break the reference cycles that keep a finished search alive (lazily walked loop bodies
@@ -390,7 +393,7 @@ class Generator:
             self.states += 1
             if self.on_state is not None:
                 self.on_state()
-            nxt = self._try(state, *step)
+            nxt = self._try(state, *step, written=MAX_ACCUMULATORS)  # a given graph writes what it computes
             if nxt is None:
                 return None
             state = nxt
@@ -487,7 +490,7 @@ class Generator:
         # reduction (gathering an unreduced one after the loop adds nothing to compute from) or
         # a program output (written as well: a residual sum returned with its rms_norm).
         read = [k for k in range(len(body.tiles)) if k in body.used and (
-            _reduces(body.tiles[k].ae) or self.oracle.is_output(body.tiles[k].ae))]
+            self._reduced(body.tiles[k]) or self.oracle.is_output(body.tiles[k].ae))]
         for extra in range(most - len(sinks) + 1):
             for more in combinations(read, extra):
                 state: BlockState | None = body.reordered()
@@ -679,10 +682,12 @@ class Generator:
     # -- one op ------------------------------------------------------------------------------
     def _try(
         self, s: BlockState, op: str, args: tuple[int, ...], attrs: tuple[tuple[str, Any], ...],
-        consts: tuple[tuple[int, float], ...] = (),
+        consts: tuple[tuple[int, float], ...] = (), written: int | None = None,
     ) -> BlockState | None:
         """`s` with one more op, or None when the canonical order, the oracle, shapes or the
-        duplicate checks refuse it (a plain call: it runs for every op on every state)."""
+        duplicate checks refuse it, or when its block graph can no longer end writing at most
+        `written` values (default `max_outputs`) within `max_ops` (a plain call: it runs for every
+        op on every state)."""
         key = (max(args), args, self._rank[op], attrs, consts)
         if key <= s.last_key:
             return None
@@ -714,16 +719,27 @@ class Generator:
         used = s.used.union(args)
         left = s.nops
         if op != "acc":
-            # Tiles nothing reads must be accumulated (body, at most MAX_ACCUMULATORS) or written
-            # (post-loop, at most `max_outputs`); each further op lowers their number by at most one.
+            # Tiles nothing reads must be read by a later op or written (a body's through its
+            # accumulators, which the post-loop graph reads or writes), at most `written` of them;
+            # each further op lowers their number by at most its operands less one.
             left += 1
             sinks = 1 + sum(1 for k, t in enumerate(s.tiles) if t.phase == phase and k not in used)
-            if left + max(0, sinks - (MAX_ACCUMULATORS if phase == 0 else self.max_outputs)) > self.max_ops:
+            excess = max(0, sinks - (self.max_outputs if written is None else written))
+            if left + -(-excess // self._merged) > self.max_ops:
                 self.pruned += 1
                 return None
         tile = Tile(op, args, attrs, phase, dims, ae, pdims, consts=consts, aid=aid, vid=vid, fid=fid,
-                    gathers=op == "acc" and _gathers(tiles[0]))
+                    gathers=op == "acc" and tiles[0].op != "input" and not self._reduced(tiles[0]))
         return BlockState((*s.tiles, tile), classes, used, left, key, s.tied)
+
+    def _reduced(self, t: Tile) -> bool:
+        """Has the tile's value reduced something? An accumulator of a tile that nothing has
+        reduced and that is not a block input only gathers slices (a concatenation, or the same
+        value every iteration): it `gathers`. Memoized by expression."""
+        hit = self._reductions.get(t.aid)
+        if hit is None:
+            hit = self._reductions[t.aid] = _reduces(t.ae)
+        return hit
 
     def _fits(self, s: BlockState, t: Tile) -> bool:
         """May a block matmul read tile `t` of `s` in the program's dtype (`staged`)? An input or
@@ -1133,12 +1149,6 @@ def _subterm(small: AE, big: AE) -> bool:
 
 
 _MISSING = object()
-
-
-def _gathers(t: Tile) -> bool:
-    """A tile that nothing has reduced and that is not a block input: accumulating it only gathers
-    slices (a concatenation, or the same value every iteration)."""
-    return t.op != "input" and not _reduces(t.ae)
 
 
 def _reduces(e: AE) -> bool:

@@ -150,10 +150,16 @@ class Searcher:
     """Everything one job's shards share in a process: the oracle, the kernel search (with its
     memoized block graphs) and the verification of candidates. A Ray worker keeps one per job."""
 
+    search: KernelSearch
+
     def __init__(self, program: Program, target: Target, config: SearchConfig,
                  on_state: Callable[[KernelSearch], None] | None = None,
                  on_verified: Callable[[Verified], None] | None = None,
-                 decided: dict[str, Verified | str | list[Ranked]] | None = None) -> None:
+                 decided: dict[str, Verified | str | list[Ranked]] | None = None,
+                 shared: Searcher | None = None) -> None:
+        """`shared`: a searcher of the same program and target (a probe's: `Driver.probe`), whose
+        oracle and value paths this one uses, for they depend on neither the bounds of the
+        search nor its block size."""
         self.program, self.target, self.config = program, target, config
         self.on_verified = on_verified  # told of each verified candidate as it is found
         # The search leaves out views at the program's edges; its candidates get them back here.
@@ -161,9 +167,10 @@ class Searcher:
         searched = self.views.program
         # The oracle admits the values of the program's equal forms too (`program_forms`): starting
         # points of the search, each candidate still proved against the program.
-        oracle = Oracle(searched, forms=program_forms(searched))
+        oracle = Oracle(searched, forms=program_forms(searched)) if shared is None else shared.search.oracle
         self.search = KernelSearch(searched, space_of(searched), oracle, config, on_state=on_state,
-                                   target=target, views=self.views)
+                                   target=target, views=self.views,
+                                   paths=None if shared is None else shared.search.floors.paths)
         # candidate text -> its verification, why it was dropped, or its ranking (not verified yet);
         # shared with a probe's searcher (`Driver.probe`): neither depends on the search bounds
         self.decided: dict[str, Verified | str | list[Ranked]] = {} if decided is None else decided
@@ -421,6 +428,7 @@ class Driver:
         self.base_states = self.base_pruned = 0  # its counts when that shard began
         self.paused_states = self.paused_pruned = 0  # of the shard a probe interrupts (not merged yet)
         self.probe_pending = config.max_block_ops > PROBE_BLOCK_OPS and not config.concrete
+        self.one_kernel_slower: bool | None = None  # `one_kernel_slower`, once asked
         self.depth = 0  # the depth being searched
         self.unsettled = False  # a finished depth's ties are not settled yet
         self.floor_s = costmodel.floor(program, target).time_s
@@ -705,11 +713,24 @@ class Driver:
 
     def probe_due(self, ks: KernelSearch) -> bool:
         """Whether the one-kernel shard running here on `ks` has searched enough states to be
-        interrupted by the probe."""
+        interrupted by the probe: at once where one kernel is slower than deeper graphs may be."""
         if not (self.probe_pending and ks is self.local.search and self.depth == 1):
             return False
+        if self.one_kernel_slower is None:
+            self.one_kernel_slower = self.paths_favour_deeper(ks)
         searched = self.stats.states + ks.total_states - self.base_states
-        return searched >= PROBE_AFTER_STATES // 4 and searched >= self.probe_after(ks)
+        return self.one_kernel_slower or (searched >= PROBE_AFTER_STATES // 4 and searched >= self.probe_after(ks))
+
+    def paths_favour_deeper(self, ks: KernelSearch) -> bool:
+        """Do the kernels as paths over program values (`Floors.paths_floor`) show one kernel
+        slower than some deeper graph may be? (qknorm_gqa: one kernel re-reads K for the row sums
+        of its softmax, 23.0 us at least, three kernels 12.6.) Then no one-kernel state comes
+        before the probe, which searches deeper graphs."""
+        floors, root = ks.floors, ks.initial()
+        if floors.paths is None or floors.bound_s == float("inf"):
+            return False
+        one = floors.paths_floor(root, 1)
+        return any(floors.paths_floor(root, k) < one for k in range(2, self.config.max_kernel_ops + 1))
 
     def probe(self, first_depth: int, live_states: int = 0, live_pruned: int = 0) -> None:
         """Anytime, for large searches: once the one-kernel search has reached `probe_after`
@@ -728,7 +749,7 @@ class Driver:
         counted as searched."""
         program, target, config, stats = self.program, self.target, self.config, self.stats
         small = Searcher(program, target, replace(config, max_block_ops=PROBE_BLOCK_OPS), on_state=self._tick,
-                         on_verified=self._found, decided=self.local.decided)
+                         on_verified=self._found, decided=self.local.decided, shared=self.local)
         used = stats.states + live_states
         left = PROBE_STATES if self.max_states is None else min(PROBE_STATES, self.max_states - used)
         saved = self.base_states, self.base_pruned
@@ -739,7 +760,7 @@ class Driver:
             # applied after its products).
             before = stats.states
             wide = Searcher(program, target, config, on_state=self._tick, on_verified=self._found,
-                            decided=self.local.decided)
+                            decided=self.local.decided, shared=self.local)
             self.running = wide.search
             self.begin(wide.search)
             self.merge(wide.consider_best(self.split_schedules(wide, left, whole=True), self.contenders))

@@ -57,8 +57,9 @@ class Floors:
     `cuts` count what the bound cut (`cut`)."""
 
     def __init__(self, program: Program, space: Space, oracle: Oracle, config: SearchConfig, target: Target | None,
-                 views: ProgramViews | None) -> None:
-        """The floors of `program` searched in `space` on `target` (None: no bound)."""
+                 views: ProgramViews | None, paths: ValuePaths | None = None) -> None:
+        """The floors of `program` searched in `space` on `target` (None: no bound); `paths`: the
+        value paths of another search of it with this oracle, shared."""
         self.program, self.space, self.oracle, self.config = program, space, oracle, config
         self.target, self.views = target, views
         self.bound_s = float("inf")  # graphs that must take longer are cut
@@ -74,7 +75,7 @@ class Floors:
             FLOOR_ENTRIES)  # see `_parts`
         self._digests: ObjectCache[Kernel, bytes] = ObjectCache(4096)  # kernel -> `_digest`
         self._whole_floors: dict[tuple[Any, ...], float] = {}  # last kernel's inputs -> `_whole_floor`
-        self._middle_owns: dict[tuple[Any, ...], float] = {}  # a middle kernel's inputs -> `_middle_own`
+        self._middle_owns: dict[tuple[Any, ...], float] = {}  # a middle kernel's inputs -> `middle_own`
         self._grid_floors: BoundedDict[tuple[Any, ...], float] = BoundedDict(FLOOR_ENTRIES)  # see `_grid_floor`
         self._tiled_floors: ObjectCache[BlockState, tuple[float, float] | None] = ObjectCache(FLOOR_ENTRIES)
         # a middle kernel's block space walked whole (its inputs, `kernel._space_key`) -> the least
@@ -115,7 +116,9 @@ class Floors:
         # Where a tensor between kernels holds only those values, the kernels to come are paths over
         # them (`ValuePaths`), given no free view among them and dims that reshapes do not scramble.
         self.paths: ValuePaths | None = None
-        if self._reach and not self._free_kernels and self.target is not None:
+        if paths is not None:
+            self.paths = paths
+        elif self._reach and not self._free_kernels and self.target is not None:
             dims = input_classes(self.program)
             start = self._reachable([KTensor(n.id, n.size_shape, values[n.id][0], dims[n.id])
                                      for n in self.program.inputs])  # each value's least dims
@@ -452,7 +455,7 @@ class Floors:
     ) -> Callable[..., float]:
         """The least time of `s` plus a graph kernel over a subset of its tensors and `later`
         kernels after it, known before that kernel's block graphs are: `s`'s kernels, this
-        kernel's least time (`_middle_own`, or over program inputs only, once known, the least
+        kernel's least time (`middle_own`, or over program inputs only, once known, the least
         time of the kernels they make: `middle_least`), then each later one's launch and what
         they must move (`owed`), or when one kernel follows and `then_last` says it is the
         last (not so for a first kernel kept for deeper graphs), its least time (`_last_after`);
@@ -463,14 +466,12 @@ class Floors:
         rest = self.space.launches(later) * self.launch_s
         owed = self.owed(s)
         last = self._last_after(s) if later == 1 and then_last else None
-        # the kernels after it: exactly `later`, or for a first kernel kept for every depth, any number
-        after = [later] if then_last else list(range(1, self.config.max_kernel_ops - len(s.kernels)))
-        paths = self.paths_after(s, after, self.bound_s - spent)
+        paths = self.paths_after(s, self._after(s, later, then_last), self.bound_s - spent)
         known: dict[tuple[int, ...], tuple[float, float, float, float]] = {}  # per subset: (own, owed, last, paths)
 
         def floor(subset: tuple[int, ...], own: float = 0.0, unread: float = 0.0) -> float:
             if (parts := known.get(subset)) is None:
-                least = self._middle_own(s, subset)
+                least = self.middle_own(s, subset)
                 if (walked := self.middle_key(s, subset, part)) is not None:
                     least = max(least, self.middle_least.get(walked, 0.0))
                 parts = known[subset] = (least, owed(subset), 0.0 if last is None else last(subset),
@@ -499,6 +500,44 @@ class Floors:
             return 0.0 if reads is None else paths.after(held, reads, kernels, budget)
 
         return floor
+
+    def _after(self, s: KState, later: int, then_last: bool) -> list[int]:
+        """The numbers of kernels that may follow one more kernel of `s`: exactly `later`, or for a
+        first kernel kept for every depth (not `then_last`), any number."""
+        return [later] if then_last else list(range(1, self.config.max_kernel_ops - len(s.kernels)))
+
+    def writable(
+        self, s: KState, later: int, then_last: bool = True,
+    ) -> Callable[[tuple[int, ...]], tuple[int, ...]] | None:
+        """For a graph kernel over a subset of the tensors of `s` and `later` kernels after it (as
+        `middle_floor`): the sets of program values it may write (`ValuePaths` masks) that leave
+        a path within the bound (`ValuePaths.writable`); None where the paths bound nothing."""
+        classes = [self.oracle.class_of(t.ae) for t in s.tensors]
+        held = self._held(s, classes)
+        if held is None or self.bound_s == math.inf:
+            return None
+        paths = self.paths
+        assert paths is not None
+        after, budget = self._after(s, later, then_last), self.bound_s - self.spent(s)
+
+        def writable(subset: tuple[int, ...]) -> tuple[int, ...]:
+            reads = paths.held([classes[i] for i in subset])
+            return () if reads is None else paths.writable(held, reads, after, budget)
+
+        return writable
+
+    def writes_none_of(self, block: BlockState, writable: tuple[int, ...]) -> bool:
+        """Does a complete block graph write none of these sets of program values (masks)?"""
+        assert self.paths is not None
+        return self.paths.held([self.oracle.class_of(ae) for ae, _, _ in sinks(block)]) not in writable
+
+    def writes_none_from(self, body: BlockState, writable: tuple[int, ...]) -> bool:
+        """Can no post-loop graph over a loop body's accumulators write one of these sets of
+        program values (masks), reading each accumulator (`ValuePaths.may_write`)?"""
+        assert self.paths is not None
+        accs = [t for t in body.tiles if t.op == "acc"]
+        return not self.paths.may_write([self.oracle.class_of(t.ae) for t in accs if not t.gathers],
+                                        [self.oracle.class_of(t.ae) for t in accs if t.gathers], writable)
 
     def paths_floor(self, s: KState, kernels: int) -> float:
         """The least time of `s` and `kernels` more kernels, as paths over the program values they
@@ -539,9 +578,9 @@ class Floors:
     def body_floor(self, s: KState, subset: tuple[int, ...], body: BlockState) -> float:
         """A floor of every graph kernel over these tensors of `s` whose block graph completes loop
         body `body` (with its accumulators), known before its post-loop graphs are generated (most
-        of a block space's states): `_middle_own` with single grid axes over the classes the body
+        of a block space's states): `middle_own` with single grid axes over the classes the body
         leaves splittable (`tiling.splittable_classes`). Kept per body, as `tiled_floor`."""
-        return self._body_floors.get(body, None, lambda: self._middle_own(s, subset, splittable_classes(body)))
+        return self._body_floors.get(body, None, lambda: self.middle_own(s, subset, splittable_classes(body)))
 
     def _block_floor(self, s: KState, subset: tuple[int, ...], block: BlockState) -> tuple[float, float] | None:
         assert self.target is not None
@@ -680,7 +719,7 @@ class Floors:
                          if any(mid for _, _, mid in extra))
         return min(graph, next((cost for cost, extra in library if cost < graph and computes(extra)), math.inf))
 
-    def _middle_own(self, s: KState, subset: tuple[int, ...], splittable: frozenset[int] | None = None) -> float:
+    def middle_own(self, s: KState, subset: tuple[int, ...], splittable: frozenset[int] | None = None) -> float:
         """The least time of a graph kernel that reads these tensors of `s` and is not the last:
         its launch plus the larger of their bytes at full bandwidth and one loop iteration; when
         none is per-chunk partials, `costmodel.whole_reduction_floor` with its grid free to split

@@ -53,6 +53,7 @@ from superopt.ops import Op
 from superopt.program import Node, Program, Tensor
 from superopt.search.block import BlockState, Body, Generator, InputSpec, Lazy
 from superopt.search.floors import Floors, same_classes
+from superopt.search.paths import ValuePaths
 from superopt.search.space import Space, chain_runs
 from superopt.search.states import FirstKernel, KState, KTensor
 from superopt.search.stored import StoredValues
@@ -94,6 +95,9 @@ class KernelSearch:
     on_state: Callable[[KernelSearch], None] | None = None
     target: Target | None = None  # the bound's cost model (None: no bound)
     views: ProgramViews | None = None  # the views the searched program leaves out (estimates read them as stored)
+    # Another search's value paths, of the same program and oracle (a probe's: `Driver.probe`):
+    # they depend on neither the block size nor the bound, and their memos are the costly part.
+    paths: ValuePaths | None = None
     # Branch and bound: graphs that must take longer than `bound_s` on `target` are not built.
     # Kernels already chosen take at least the cost model's best time for them alone; every
     # kernel to come costs a launch plus the bytes of the tensors it reads and writes at full
@@ -107,7 +111,7 @@ class KernelSearch:
         # While a block space is walked: whether the bound now cuts all of it (see `_walk`).
         self._walk_cut: Callable[[], bool] | None = None
         self._alg = self.oracle.alg
-        self.floors = Floors(self.program, self.space, self.oracle, self.config, self.target, self.views)
+        self.floors = Floors(self.program, self.space, self.oracle, self.config, self.target, self.views, self.paths)
         # A reshape of the value a program reshape reads, in the same layout, to the same shape:
         # its dims get the program's classes (`abstract_program`), which the algebra cannot know.
         # The only reshapes searched: the abstract values do not tell a reshape apart, and no
@@ -637,6 +641,7 @@ class KernelSearch:
         spent = self.floors.spent(s) if final else 0.0
         middle = None if final or not (later or first) or self.floors.bound_s == float("inf") else \
             self.floors.middle_floor(s, max(later, 1), part, then_last=not first)
+        writable_of = None if middle is None else self.floors.writable(s, max(later, 1), then_last=not first)
         for size in range(1, self.config.max_block_inputs + 1):
             for subset in combinations(indices, size):
                 if (only is not None and subset != only) or not self._reads_inputs(subset, rereads):
@@ -676,7 +681,9 @@ class KernelSearch:
                     continue
                 lowest = (math.inf, math.inf)  # the least (own, written) of the walk's block graphs
                 skipped: list[float] = []  # the floors of the loop bodies cut (`_body_cut`)
-                body_cut = None if bounding is None else self._body_cut(s, subset, bounding, skipped)
+                # what this kernel may write: the sets of program values that leave a path within the bound
+                writable = None if writable_of is None else writable_of(subset)
+                body_cut = None if bounding is None else self._body_cut(s, subset, bounding, skipped, writable)
                 blocks = self._blocks(specs, part, body_cut) if program is None else \
                     self._program_blocks(s, specs, program)
                 ended: list[bool] = []
@@ -688,10 +695,13 @@ class KernelSearch:
                     if middle is not None and tie is None:
                         tiled = self.floors.tiled_floor(s, subset, block)
                         lowest = (min(lowest[0], tiled[0]), min(lowest[1], tiled[1])) if tiled else (0.0, 0.0)
-                        if tiled and middle(subset, *tiled) > self.floors.bound_s:
+                        cut_by = None if not tiled else "middle block graph" \
+                            if middle(subset, *tiled) > self.floors.bound_s else "value paths' writes" \
+                            if writable is not None and self.floors.writes_none_of(block, writable) else None
+                        if tiled and cut_by is not None:
                             if least is not None:  # its kernels take at least its own floor
                                 least = min(least, tiled[0])
-                            self.floors.cut("middle block graph")
+                            self.floors.cut(cut_by)
                             continue
                     kid = f"k{len(s.kernels)}"
                     ids = [t.id for t in s.tensors]
@@ -720,13 +730,23 @@ class KernelSearch:
                     self.floors.space_floors[space] = lowest
 
     def _body_cut(self, s: KState, subset: tuple[int, ...], middle: Callable[..., float], skipped: list[float],
-                  ) -> Callable[[BlockState], bool]:
-        """Does no block graph completing a loop body beat the bound (`Floors.body_floor` in `middle`,
-        the `Floors.middle_floor` of this kernel)? Counted as a cut of the bound, its floor noted in
-        `skipped` (what the walk learns of its kernels must cover theirs)."""
+                  writable: tuple[int, ...] | None) -> Callable[[BlockState], bool]:
+        """Does no block graph completing a loop body beat the bound: none writes values that leave
+        a path within it (`writable`, `Floors.writes_none_from`), or by `Floors.body_floor` in
+        `middle` (the `Floors.middle_floor` of this kernel)? Counted as a cut of the bound, its
+        floor noted in `skipped` (what the walk learns of its kernels must cover theirs: for the
+        former, the floor of any kernel over these tensors)."""
+        any_kernel: list[float] = []  # the floor of any kernel over these tensors, once needed
+
         def cut(body: BlockState) -> bool:
             if self.floors.bound_s == float("inf"):
                 return False
+            if writable is not None and self.floors.writes_none_from(body, writable):
+                self.floors.cut("value paths' writes")
+                if not any_kernel:
+                    any_kernel.append(self.floors.middle_own(s, subset))
+                    skipped.append(any_kernel[0])  # (`skipped` is read for its least)
+                return True
             own = self.floors.body_floor(s, subset, body)
             if middle(subset, own) <= self.floors.bound_s:
                 return False

@@ -18,6 +18,10 @@ softmax's probabilities read from Q and K re-read K along every block of their c
 the row sums need every column of exp(Q K) (`_splits`). Over many reads the floor is not
 monotone (reading a row sum as well frees the columns of Q K), so every set of reads is tried.
 
+What a kernel may write and still leave a path within the bound (`writable`) bounds its block
+graphs before they are complete: a loop body whose accumulators cannot be read, every one, on
+the way to one of those sets of values (`may_write`) has no post-loop graph worth generating.
+
 Bytes and dim classes of a value are the least every tensor holding it spans (`Reach`): a tensor
 spanning more dims moves more bytes than it saves re-reads. The classes its tensor may be split
 along are those of the program's nodes of that value (a stored tensor holds one up to a
@@ -28,7 +32,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from itertools import combinations, product
 from typing import Any
 
@@ -47,6 +51,14 @@ def _depth(e: Any) -> int:
     """The height of an abstract expression (leaves 0)."""
     kids = [k for k in e[1:] if isinstance(k, tuple)] if isinstance(e, tuple) else []
     return 1 + max(map(_depth, kids)) if kids else 0
+
+
+def _bits(indices: Iterable[int]) -> int:
+    """A set of indices as a bit mask."""
+    mask = 0
+    for i in indices:
+        mask |= 1 << i
+    return mask
 
 
 class ValuePaths:
@@ -98,6 +110,11 @@ class ValuePaths:
         self._rules = [(index[c], tuple(index[k] for k in kids), red) for c, kids, red in self.reach.rules]
         self._edges = [(index[s], index[d], red) for s, d, red in self.reach.edges]
         self._index = index
+        # the same rules as bit masks over every e-class, for `may_write`: (class, operands)
+        self._rule_bits = [(1 << cls, _bits(kids)) for cls, kids, _ in self._rules] + \
+            [(1 << dst, 1 << src) for src, dst, _ in self._edges]
+        self._constants = _bits(cls for cls, kids, _ in self._rules if not kids)
+        self._may_write: dict[tuple[frozenset[str | None], frozenset[str | None], tuple[int, ...]], bool] = {}
         self._reads: list[int] = sorted(
             (sum(self.bit[c] for c in r) for n in range(1, max_inputs + 1) for r in combinations(self.classes, n)),
             key=self._bytes)
@@ -334,26 +351,84 @@ class ValuePaths:
         self._lower[key] = max(lower, bound)
         return bound
 
-    def after(self, held: int, reads: int, kernels: Sequence[int], budget: float = math.inf) -> float:
-        """The least time of a kernel reading exactly the values `reads` of `held`, then any of
-        these numbers of kernels more (as `least`, fail-soft above `budget`)."""
+    def after(self, held: int, reads: int, kernels: Sequence[int], budget: float = math.inf,
+              writes: int | None = None) -> float:
+        """The least time of a kernel reading exactly the values `reads` of `held` (and writing
+        exactly `writes`, when given), then any of these numbers of kernels more (as `least`,
+        fail-soft above `budget`)."""
         best, bound = math.inf, math.inf
         rest = min(kernels, default=0) * self.target.launch_overhead_s
         read = self._bytes(reads)
-        for writes in sorted(self._sets(self._reachable(reads)), key=self._bytes):
+        for w in sorted(self._sets(self._reachable(reads)), key=self._bytes) if writes is None else [writes]:
             limit = min(best, budget)
-            moving = self._moving(read + self._bytes(writes))
+            moving = self._moving(read + self._bytes(w))
             if moving + rest > limit:
                 bound = min(bound, moving + rest)
                 break
-            own = self._kernel_floor(reads, writes)
+            own = self._kernel_floor(reads, w)
             if own + rest > limit:
                 bound = min(bound, own + rest)
                 continue
             for k in kernels:
-                rest_k = self.least(held | writes, k, min(best, budget) - own)
+                rest_k = self.least(held | w, k, min(best, budget) - own)
                 if rest_k <= min(best, budget) - own:
                     best = own + rest_k
                 else:
                     bound = min(bound, own + rest_k)
         return min(best, bound)
+
+    def writable(self, held: int, reads: int, kernels: Sequence[int], budget: float) -> tuple[int, ...]:
+        """The sets of values a kernel reading exactly `reads` of `held` may write and still lead
+        to a graph of one of these numbers of kernels more within `budget` (`after`): what a
+        block graph of that kernel must write, as masks."""
+        return tuple(w for w in self._sets(self._reachable(reads))
+                     if self.after(held, reads, kernels, budget, w) <= budget)
+
+    # -- what a graph over some values may write ------------------------------------------------
+    def may_write(self, sources: Sequence[str | None], kept: Sequence[str | None], writes: Sequence[int]) -> bool:
+        """May a graph that reads values of these e-classes write exactly one of these sets of
+        values (masks) and read every source on the way (each one it reads is written or feeds
+        a value written) and write the `kept` ones as they are (no op reads them)? A post-loop
+        graph over a loop body's accumulators (`kept`: those that gather an unreduced tile) must:
+        a body none of whose post-loop graphs writes what a later path needs is cut whole.
+        A source of no e-class (unknown) may feed anything: True."""
+        if any(c not in self._index for c in (*sources, *kept)):
+            return True
+        key = (frozenset(sources), frozenset(kept), tuple(writes))
+        hit = self._may_write.get(key)
+        if hit is None:
+            hit = self._may_write[key] = self._writes_from(
+                _bits(self._index[c] for c in sources), _bits(self._index[c] for c in kept), writes)
+        return hit
+
+    def _writes_from(self, sources: int, kept: int, writes: Sequence[int]) -> bool:
+        have = self._computable(sources | kept | self._constants)
+        for w in writes:
+            target = _bits(self._index[self.classes[i]] for i in self._members(w))
+            if target & ~have or kept & ~target:
+                continue  # not computable from them, or a kept source not written
+            # The e-classes on some way to a written value: an operand of an e-node on that way
+            # whose operands are all computable.
+            feeding = target
+            changed = True
+            while changed:
+                changed = False
+                for made, operands in self._rule_bits:
+                    if made & feeding and operands & ~have == 0 and operands & ~feeding:
+                        feeding |= operands
+                        changed = True
+            if sources & ~feeding == 0:
+                return True
+        return False
+
+    def _computable(self, start: int) -> int:
+        """The e-classes (a mask) computable from those of `start` (`Reach.of` without dims)."""
+        have = start
+        changed = True
+        while changed:
+            changed = False
+            for made, operands in self._rule_bits:
+                if not made & have and operands & ~have == 0:
+                    have |= made
+                    changed = True
+        return have

@@ -181,7 +181,7 @@ def _side_by_side(
     """Grid axes over independent outputs side by side (X @ Wq and X @ Wk, split along their
     columns by one axis: a fused projection): one class of each output, none of them in every
     output, each standing for a program dim class of one block input only (its own weight's:
-    what the search's floors assume, `Floors._middle_own`), all of one size, or of sizes
+    what the search's floors assume, `Floors.middle_own`), all of one size, or of sizes
     with a common divisor over 1 when each is the column class of a product (the axis size
     divides each: grouped-query attention's K and V projections are narrower than Q's, their
     tiles too). Other outputs of different sizes are left apart: the norms of attention's Q and K

@@ -58,7 +58,7 @@ def _completed(spec: str, target: Target, states: int) -> Iterator[tuple[KState,
 def _violations(spec: str, target: Target, states: int = 200) -> list[str]:
     """Each graph kernel of a candidate whose least estimate (over every assignment of its
     symbols) is below a floor of it: the DRAM latency floor, `Floors._grid_floor` (its own grid)
-    and `Floors._middle_own` (its inputs)."""
+    and `Floors.middle_own` (its inputs)."""
     program = workloads.resolve(spec)
     ks = KernelSearch(program, space_of(program), Oracle(program), SearchConfig(), target=target)
     wrong: list[str] = []
@@ -75,7 +75,7 @@ def _violations(spec: str, target: Target, states: int = 200) -> list[str]:
             before = KState(s.tensors, s.kernels[:n], ())
             subset = tuple(i for i, t in enumerate(s.tensors) if t.id in k.tensor_inputs)
             floors = {"dram latency": target.launch_overhead_s + costmodel._dram_latency_floor(1),
-                      "grid": ks.floors._grid_floor(s, k), "middle own": ks.floors._middle_own(before, subset)}
+                      "grid": ks.floors._grid_floor(s, k), "middle own": ks.floors.middle_own(before, subset)}
             wrong += [f"{spec} {k.id} {name} {floor * 1e6:.3f} us > {least * 1e6:.3f} us"
                       for name, floor in floors.items() if floor > least * (1 + 1e-9)]
     assert checked, f"{spec}: no graph kernel checked"

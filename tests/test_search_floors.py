@@ -174,7 +174,7 @@ def test_middle_kernels_over_program_inputs_are_bounded_by_their_least_time_once
     moves were generated twice, the least time of all of them is kept (`Floors.middle_least`), and it
     bounds that subset before its block graphs are generated again. Attention at its published
     shape, the winner's time as the bound: the same candidates under the bound come, from fewer
-    states; the kept least time binds above `_middle_own`, and every candidate grown through such
+    states; the kept least time binds above `middle_own`, and every candidate grown through such
     a middle kernel takes at least the middle floor."""
 
     def search(kept: bool) -> tuple[KernelSearch, set[str]]:
@@ -194,7 +194,7 @@ def test_middle_kernels_over_program_inputs_are_bounded_by_their_least_time_once
     start = ks.initial()
     first = next(f for f in ks._graph_moves(start, False, only=(0, 1)) if len(f.tensors) == 4)
     binding = [(subset, least) for (subset, level, _, part), least in ks.floors.middle_least.items()
-               if level == 1 and part == (1, 0) and least > ks.floors._middle_own(first, subset) * 1.01]
+               if level == 1 and part == (1, 0) and least > ks.floors.middle_own(first, subset) * 1.01]
     assert binding, ks.floors.middle_least
     floor = ks.floors.middle_floor(first, 1)
     ks.floors.bound_s = float("inf")  # every middle and last kernel, to check the floor against
@@ -250,7 +250,7 @@ def test_a_middle_kernel_leaving_the_last_more_to_read_than_a_library_op_takes_i
 @pytest.mark.parametrize("spec", ["gqa", "lora", "rmsnorm_mlp:ci"])
 def test_middle_kernel_own_floor_is_below_every_middle_kernel_over_its_inputs(h100, spec):
     """A kernel that is not the last may write partial results, so its grid may split any class
-    of what it reads (`_middle_own`: `whole_reduction_floor` over every class): its floor is at
+    of what it reads (`middle_own`: `whole_reduction_floor` over every class): its floor is at
     most the cost model's least time of every middle kernel the search builds over those tensors,
     and it binds beyond the inputs' bytes at full bandwidth: splitting the grid enough to keep
     the DRAM pipe full re-reads the inputs that lack a split class."""
@@ -260,7 +260,7 @@ def test_middle_kernel_own_floor_is_below_every_middle_kernel_over_its_inputs(h1
         index = {t.id: n for n, t in enumerate(first.tensors)}
         for middle in itertools.islice(ks._graph_moves(first, False), 60):
             subset = tuple(sorted(index[t] for t in middle.kernels[-1].tensor_inputs))
-            own = ks.floors._middle_own(first, subset)
+            own = ks.floors.middle_own(first, subset)
             assert ks.floors.spent(first) + own <= ks.floors.spent(middle) * (1 + 1e-9), middle.kernels[-1]
             read = sum(ks.floors._bytes(first.tensors[i]) for i in subset) / ks.floors.bandwidth
             tighter += own > ks.floors.launch_s + max(read, ks.floors.iteration_s) * 1.01

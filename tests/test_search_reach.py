@@ -79,7 +79,7 @@ def test_a_middle_kernel_whose_outputs_cannot_carry_the_attention_is_cut_before_
     floor = ks.floors.middle_floor(qk, 1)
     spent = ks.floors.spent(qk)
     after = ks.floors.launch_s + ks.floors.owed(qk)((0, 1, 3)) / ks.floors.bandwidth
-    assert spent + ks.floors._middle_own(qk, (0, 1, 3)) + after < ks.floors.bound_s - 0.2e-6  # bytes alone: not cut
+    assert spent + ks.floors.middle_own(qk, (0, 1, 3)) + after < ks.floors.bound_s - 0.2e-6  # bytes alone: not cut
     assert floor((0, 1, 3)) > ks.floors.bound_s
     last = ks.floors._last_after(qk)
     assert last is not None and last((0, 1, 3)) >= ks.floors.launch_s + 4 * 2**20 / ks.floors.bandwidth
