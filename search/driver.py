@@ -428,7 +428,7 @@ class Driver:
         self.base_states = self.base_pruned = 0  # its counts when that shard began
         self.paused_states = self.paused_pruned = 0  # of the shard a probe interrupts (not merged yet)
         self.probe_pending = config.max_block_ops > PROBE_BLOCK_OPS and not config.concrete
-        self.one_kernel_slower: bool | None = None  # `one_kernel_slower`, once asked
+        self.one_kernel_slower: bool | None = None  # `paths_favour_deeper`, once asked
         self.depth = 0  # the depth being searched
         self.unsettled = False  # a finished depth's ties are not settled yet
         self.floor_s = costmodel.floor(program, target).time_s
