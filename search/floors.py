@@ -488,16 +488,15 @@ class Floors:
         numbers of kernels (`ValuePaths.after`: what it can write decides what the later ones
         must do), where within `budget`, else a lower bound over it; None where the paths bound
         nothing (`paths` None, or a tensor of `s` holds no program value: partials)."""
-        classes = [self.oracle.class_of(t.ae) for t in s.tensors]
-        held = self._held(s, classes)
-        if held is None or not kernels:
+        known = self._reads_of(s)
+        if known is None or not kernels:
             return None
+        held, reads_of = known
         paths = self.paths
         assert paths is not None
 
         def floor(subset: tuple[int, ...]) -> float:
-            reads = paths.held([classes[i] for i in subset])
-            return 0.0 if reads is None else paths.after(held, reads, kernels, budget)
+            return paths.after(held, reads_of(subset), kernels, budget)
 
         return floor
 
@@ -512,19 +511,35 @@ class Floors:
         """For a graph kernel over a subset of the tensors of `s` and `later` kernels after it (as
         `middle_floor`): the sets of program values it may write (`ValuePaths` masks) that leave
         a path within the bound (`ValuePaths.writable`); None where the paths bound nothing."""
-        classes = [self.oracle.class_of(t.ae) for t in s.tensors]
-        held = self._held(s, classes)
-        if held is None or self.bound_s == math.inf:
+        known = self._reads_of(s)
+        if known is None or self.bound_s == math.inf:
             return None
+        held, reads_of = known
         paths = self.paths
         assert paths is not None
         after, budget = self._after(s, later, then_last), self.bound_s - self.spent(s)
 
         def writable(subset: tuple[int, ...]) -> tuple[int, ...]:
-            reads = paths.held([classes[i] for i in subset])
-            return () if reads is None else paths.writable(held, reads, after, budget)
+            return paths.writable(held, reads_of(subset), after, budget)
 
         return writable
+
+    def _reads_of(self, s: KState) -> tuple[int, Callable[[tuple[int, ...]], int]] | None:
+        """What the tensors of `s` hold (a `ValuePaths` mask), and what a kernel over a subset of
+        them reads; None where the paths bound nothing (`_held`)."""
+        classes = [self.oracle.class_of(t.ae) for t in s.tensors]
+        held = self._held(s, classes)
+        if held is None:
+            return None
+        paths = self.paths
+        assert paths is not None
+
+        def reads_of(subset: tuple[int, ...]) -> int:
+            reads = paths.held([classes[i] for i in subset])
+            assert reads is not None  # (each tensor holds a program value: `_held`)
+            return reads
+
+        return held, reads_of
 
     def writes_none_of(self, block: BlockState, writable: tuple[int, ...]) -> bool:
         """Does a complete block graph write none of these sets of program values (masks)?"""

@@ -104,16 +104,14 @@ class ValuePaths:
                 height = _depth(alg.apply(n.op, leaves, n.attrs, [program.nodes[i].size_shape for i in n.inputs])[0])
                 for arity in range(1, ops.OPS[n.op].arity + 1):
                     self.library_depth[arity] = max(self.library_depth.get(arity, 0), height)
-        # every e-class as an index, for the closures of `_tainted`
+        # Every e-class as a bit, and `Reach`'s rules and edges over them: (class made, its operands,
+        # the dim class it reduces or None), for the closures of `_computable`.
         self._names = sorted(self.reach.classes)
-        index = {c: i for i, c in enumerate(self._names)}
-        self._rules = [(index[c], tuple(index[k] for k in kids), red) for c, kids, red in self.reach.rules]
-        self._edges = [(index[s], index[d], red) for s, d, red in self.reach.edges]
-        self._index = index
-        # the same rules as bit masks over every e-class, for `may_write`: (class, operands)
-        self._rule_bits = [(1 << cls, _bits(kids)) for cls, kids, _ in self._rules] + \
-            [(1 << dst, 1 << src) for src, dst, _ in self._edges]
-        self._constants = _bits(cls for cls, kids, _ in self._rules if not kids)
+        self._index = {c: i for i, c in enumerate(self._names)}
+        bit = {c: 1 << i for c, i in self._index.items()}
+        self._rules = [(bit[c], _bits(self._index[k] for k in kids), red) for c, kids, red in self.reach.rules] + \
+            [(bit[d], bit[s], red) for s, d, red in self.reach.edges]
+        self._constants = _bits(self._index[c] for c, kids, _ in self.reach.rules if not kids)
         self._may_write: dict[tuple[frozenset[str | None], frozenset[str | None], tuple[int, ...]], bool] = {}
         self._reads: list[int] = sorted(
             (sum(self.bit[c] for c in r) for n in range(1, max_inputs + 1) for r in combinations(self.classes, n)),
@@ -126,7 +124,7 @@ class ValuePaths:
         self._cheapest: dict[tuple[int, int], float] = {}
         self._least: dict[tuple[int, int], float] = {}  # (held, kernels) -> the least path
         self._lower: dict[tuple[int, int], float] = {}  # (held, kernels) -> a lower bound of it
-        self._taint: dict[tuple[int, int, int], set[int]] = {}
+        self._taint: dict[tuple[int, int, int], int] = {}
         self._layers: dict[tuple[int, int], int] = {}
 
     @classmethod
@@ -225,47 +223,49 @@ class ValuePaths:
         taint = self._taint.get((reads, split, c))
         if taint is None:
             taint = self._taint[(reads, split, c)] = self._tainted(reads, split, c)
-        return all(self._index[self.classes[w]] in taint for w in self._members(writes))
+        return self._eclasses(writes) & ~taint == 0
 
-    def _tainted(self, reads: int, split: int, c: int) -> set[int]:
+    def _tainted(self, reads: int, split: int, c: int) -> int:
         """The e-classes a kernel reading these values can compute when no reduction over class c
         may read anything computed from the values `split` (`Reach` with those e-nodes left out):
         each such e-node's operands must be computable without them."""
-        free = {self._index[k] for k in self.reach.of(
-            {self.classes[i]: self.dims[i] for i in self._members(reads & ~split)})} if reads & ~split else set()
-        have = self._start(reads)
+        free = _bits(self._index[k] for k in self.reach.of(
+            {self.classes[i]: self.dims[i] for i in self._members(reads & ~split)})) if reads & ~split else 0
+        return self._computable(self._eclasses(reads), c, free)
+
+    def _eclasses(self, values: int) -> int:
+        """These stored values (a mask of `classes`) as a mask of e-classes."""
+        return _bits(self._index[self.classes[i]] for i in self._members(values))
+
+    def _computable(self, start: int, c: int | None = None, free: int = 0) -> int:
+        """The e-classes (a mask) computable from those of `start` and constants (`Reach.of`
+        without dims); with class `c`, no reduction over c reads an e-class outside `free`."""
+        have = start | self._constants
         changed = True
         while changed:
             changed = False
-            for cls, kids, red in self._rules:
-                if cls not in have and all(k in have for k in kids) and (red != c or all(k in free for k in kids)):
-                    have.add(cls)
-                    changed = True
-            for src, dst, red in self._edges:
-                if dst not in have and src in have and (red != c or src in free):
-                    have.add(dst)
+            for made, operands, red in self._rules:
+                if not made & have and operands & ~have == 0 and (c is None or red != c or operands & ~free == 0):
+                    have |= made
                     changed = True
         return have
-
-    def _start(self, reads: int) -> set[int]:
-        """The e-classes a kernel has before any op: what it reads, and constants."""
-        return {self._index[self.classes[i]] for i in self._members(reads)} | \
-            {cls for cls, kids, _ in self._rules if not kids}
 
     def _layered(self, reads: int, depth: int) -> int:
         """The stored values at most `depth` e-nodes (or the builder's rewrites) above these."""
         key = (reads, depth)
         hit = self._layers.get(key)
         if hit is None:
-            have = self._start(reads)
+            have = self._eclasses(reads) | self._constants
             for _ in range(depth):
-                new = set(have)
-                new.update(cls for cls, kids, _ in self._rules if all(k in have for k in kids))
-                new.update(dst for src, dst, _ in self._edges if src in have)
+                new = have
+                for made, operands, _ in self._rules:
+                    if operands & ~have == 0:
+                        new |= made
                 if new == have:
                     break
                 have = new
-            hit = self._layers[key] = sum(self.bit[self._names[k]] for k in have if self._names[k] in self.bit)
+            hit = self._layers[key] = sum(self.bit[name] for k, name in enumerate(self._names)
+                                          if have >> k & 1 and name in self.bit)
         return hit
 
     def cheapest(self, held: int, writes: int) -> float:
@@ -402,9 +402,9 @@ class ValuePaths:
         return hit
 
     def _writes_from(self, sources: int, kept: int, writes: Sequence[int]) -> bool:
-        have = self._computable(sources | kept | self._constants)
+        have = self._computable(sources | kept)
         for w in writes:
-            target = _bits(self._index[self.classes[i]] for i in self._members(w))
+            target = self._eclasses(w)
             if target & ~have or kept & ~target:
                 continue  # not computable from them, or a kept source not written
             # The e-classes on some way to a written value: an operand of an e-node on that way
@@ -413,22 +413,10 @@ class ValuePaths:
             changed = True
             while changed:
                 changed = False
-                for made, operands in self._rule_bits:
+                for made, operands, _ in self._rules:
                     if made & feeding and operands & ~have == 0 and operands & ~feeding:
                         feeding |= operands
                         changed = True
             if sources & ~feeding == 0:
                 return True
         return False
-
-    def _computable(self, start: int) -> int:
-        """The e-classes (a mask) computable from those of `start` (`Reach.of` without dims)."""
-        have = start
-        changed = True
-        while changed:
-            changed = False
-            for made, operands in self._rule_bits:
-                if not made & have and operands & ~have == 0:
-                    have |= made
-                    changed = True
-        return have
