@@ -47,6 +47,7 @@ RankedStep = tuple[str, int, tuple[Any, ...], tuple[Any, ...]]  # a one-operand 
 # A loop body with its accumulators, as a walk in parts hands it over: its place in the
 # breadth-first order (level, path, accumulator choice), its signature's digest and its ops.
 Body = tuple[tuple[int, tuple[int, ...], int], int, tuple[Step, ...]]
+Signature = tuple[Any, ...]  # what the post-loop graphs over a loop body's accumulators depend on (`_signature`)
 COMMUTATIVE = (Op.ADD, Op.MUL)  # binary ops generated with their older operand first only
 CHAIN = "chain"  # the block op of a whole elementwise chain (`Chain`); its attributes hold the chain's ops
 UNIT = -1  # the class of a size-1 dim: broadcasts against anything, never split
@@ -200,9 +201,9 @@ class Generator:
         self._rank = {op: i for i, op in enumerate((*self.space.block_ops, CHAIN, "acc"))}
         self._memo: dict[tuple[Any, ...], tuple[AE, tuple[int, ...], int] | None] = {}
         self._post_memo: BoundedDict[tuple[Any, ...], tuple[int, list[tuple[Any, ...]]]] = BoundedDict(POST_ENTRIES)
-        self._bodies: BoundedDict[BlockState, Lazy[tuple[int, BlockState]]] = BoundedDict(BODY_CACHE_ENTRIES)
+        self._bodies: BoundedDict[BlockState, Lazy[tuple[Signature, BlockState]]] = BoundedDict(BODY_CACHE_ENTRIES)
         # bodies handed over by `adopt_bodies`, by start state and part
-        self._adopted: dict[tuple[BlockState, tuple[int, int]], Lazy[tuple[int, BlockState]]] = {}
+        self._adopted: dict[tuple[BlockState, tuple[int, int]], Lazy[tuple[Signature, BlockState]]] = {}
         self._pair_memo: dict[tuple[Any, ...], tuple[OpRanks, OpRanks, int]] = {}
         self._single_memo: dict[tuple[Any, ...], tuple[list[RankedStep], list[RankedStep]]] = {}
         self._ids: dict[AE, int] = {}
@@ -278,8 +279,8 @@ class Generator:
         """This part's loop bodies with their accumulators, each the start of its post-loop graphs
         (`posts`): where a search may bound every block graph of a body at once."""
         adopted = self._adopted.get((start, part))
-        for digest, state in adopted if adopted is not None else self._accumulated(start):
-            if digest % part[0] == part[1]:
+        for signature, state in adopted if adopted is not None else self._accumulated(start):
+            if part[0] == 1 or self._digest(signature) % part[0] == part[1]:  # (the digest only splits)
                 yield state
 
     def body_part(self, start: BlockState, part: tuple[int, int]) -> list[Body]:
@@ -452,21 +453,21 @@ class Generator:
             attrs = (("dim", dim), *extra)
         return n.op, tuple(args), attrs, tuple(consts)
 
-    def _accumulated(self, start: BlockState) -> Iterator[tuple[int, BlockState]]:
-        """Loop bodies with their accumulators chosen, each with its signature's digest. Two loop
+    def _accumulated(self, start: BlockState) -> Iterator[tuple[Signature, BlockState]]:
+        """Loop bodies with their accumulators chosen, each with its signature. Two loop
         bodies that accumulate the same values (equal signatures) complete into the same post-loop
         graphs; breadth-first order meets the one with fewer ops first, and only that one is kept
         (the other computes the same accumulators with more work). Memoized per start state, so a
         process that runs several parts of one block space enumerates its bodies once (those of the
         `BODY_CACHE_ENTRIES` most recently used start states)."""
 
-        def walk() -> Lazy[tuple[int, BlockState]]:
+        def walk() -> Lazy[tuple[Signature, BlockState]]:
             return Lazy(lambda: self._first_per_signature(
                 state for _, body in self._phase(start, 0, self.max_ops) for state in self._with_accumulators(body)))
 
         return iter(self._bodies.use(start, walk))
 
-    def _first_per_signature(self, states: Iterator[BlockState]) -> Iterator[tuple[int, BlockState]]:
+    def _first_per_signature(self, states: Iterator[BlockState]) -> Iterator[tuple[Signature, BlockState]]:
         seen: set[tuple[Any, ...]] = set()
         for state in states:
             signature = _signature(state, _first_post(state))
@@ -474,7 +475,7 @@ class Generator:
                 self.pruned += 1
                 continue
             seen.add(signature)
-            yield self._digest(signature), state
+            yield signature, state
 
     def _with_accumulators(self, body: BlockState, most: int = MAX_ACCUMULATORS) -> Iterator[BlockState]:
         """A loop body's choices of at most `most` accumulators, in a fixed order. An empty body
@@ -539,7 +540,7 @@ class Generator:
         computed, recipes = self._post_memo.get(key, (-1, []))
         if room > computed:
             recipes = []
-            for _, s in self._phase(accs._replace(nops=0), 1, room):
+            for _, s in self._phase(accs, 1, self.max_ops):
                 if self.complete(s):
                     recipes.append(tuple(_recipe(t, first) for t in s.tiles[len(accs.tiles):]))
             self._post_memo[key] = (room, recipes)
@@ -1119,7 +1120,7 @@ def _shrinks(op: str, position: int, value: float) -> bool:
     return (op == Op.MUL and abs(value) <= 1.0) or (op == Op.DIV and position == 1 and abs(value) >= 1.0)
 
 
-def _signature(s: BlockState, first: int) -> tuple[Any, ...]:
+def _signature(s: BlockState, first: int) -> Signature:
     """What the post-loop graphs over a state's accumulators depend on: each accumulator's
     expression, dims (classes renumbered by first appearance, with their sizes and program
     classes) and whether it gathers an unreduced value."""
