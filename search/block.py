@@ -520,7 +520,8 @@ class Generator:
                     self.on_state()
                 if split or part[1] == 0:
                     yield path, s
-                children = (m for m in self._moves(s, phase) if m.nops <= budget)
+                # (a state at the budget has no child: its ops are not tried)
+                children = (m for m in self._moves(s, phase) if m.nops <= budget) if s.nops < budget else ()
                 level.extend(((*path, n), c) for n, c in enumerate(children))
             frontier = level
 
@@ -693,6 +694,19 @@ class Generator:
         if key <= s.last_key:
             return None
         tiles = [s.tiles[a] for a in args]
+        phase = 1 if op == "acc" else tiles[0].phase
+        used = s.used.union(args)
+        left = s.nops
+        if op != "acc":
+            # Tiles nothing reads must be read by a later op or written (a body's through its
+            # accumulators, which the post-loop graph reads or writes), at most `written` of them;
+            # each further op lowers their number by at most its operands less one.
+            left += 1
+            sinks = 1 + sum(1 for k, t in enumerate(s.tiles) if t.phase == phase and k not in used)
+            excess = max(0, sinks - (self.max_outputs if written is None else written))
+            if left + -(-excess // self._merged) > self.max_ops:
+                self.pruned += 1
+                return None
         if op == Op.MATMUL and self.staged is not None and not all(self._fits(s, t) for t in tiles):
             self.pruned += 1
             return None
@@ -700,7 +714,6 @@ class Generator:
         if abstract is None:
             self.pruned += 1
             return None
-        phase = 1 if op == "acc" else tiles[0].phase
         if phase == 1 and op != "acc" and any(t.gathers for t in tiles):
             return None  # computing on a gathered (unreduced) tile after the loop repeats the in-loop variant
         ae, pdims, aid = abstract
@@ -717,18 +730,6 @@ class Generator:
                 (op != "acc" and self._recomputes(s, op, args, aid, phase)):
             self.pruned += 1
             return None  # recomputes an existing tile
-        used = s.used.union(args)
-        left = s.nops
-        if op != "acc":
-            # Tiles nothing reads must be read by a later op or written (a body's through its
-            # accumulators, which the post-loop graph reads or writes), at most `written` of them;
-            # each further op lowers their number by at most its operands less one.
-            left += 1
-            sinks = 1 + sum(1 for k, t in enumerate(s.tiles) if t.phase == phase and k not in used)
-            excess = max(0, sinks - (self.max_outputs if written is None else written))
-            if left + -(-excess // self._merged) > self.max_ops:
-                self.pruned += 1
-                return None
         tile = Tile(op, args, attrs, phase, dims, ae, pdims, consts=consts, aid=aid, vid=vid, fid=fid,
                     gathers=op == "acc" and tiles[0].op != "input" and not self._reduced(tiles[0]))
         return BlockState((*s.tiles, tile), classes, used, left, key, s.tied)

@@ -70,6 +70,8 @@ def _naive_walk(gen: Generator, start, phase: int, budget: int) -> list:
         level = []
         for path, s in frontier:
             walked.append((path, s))
+            if s.nops >= budget:
+                continue  # every op would pass the budget: none is tried
             steps = [step for _, step in sorted(_every_step(gen, s, phase), key=lambda e: e[0])]
             children = [c for step in steps if (c := gen._try(s, *step)) is not None and c.nops <= budget]
             level += [((*path, n), c) for n, c in enumerate(children)]
