@@ -16,6 +16,7 @@ probe's seconds. Writes JSON.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import time
 from collections.abc import Iterable, Iterator
@@ -26,7 +27,7 @@ from typing import Any
 from superopt.config import SearchConfig
 from superopt.loading import load_program
 from superopt.program import Program
-from superopt.search.driver import Driver, Executor, Shard, ShardResult
+from superopt.search.driver import Driver, Executor, Shard, ShardResult, rare_full_collections
 from superopt.targets import TARGETS
 
 
@@ -77,8 +78,12 @@ def profile(program: Program, target: str, budget_s: float, config: SearchConfig
     driver = Driver(program, TARGETS[target], config, budget_s=budget_s, max_states=None, progress=None,
                     executor=None, parts=1, walk_parts=None, stats=None, contenders=1)
     driver.executor = timed(program, driver.in_process, rows)
+    old = rare_full_collections()  # as `run_search` does
     t0 = time.monotonic()
-    outcome = driver.run()
+    try:
+        outcome = driver.run()
+    finally:
+        gc.set_threshold(*old)
     seconds = time.monotonic() - t0
     stats = outcome.stats
     depths: dict[int, dict[str, float]] = {}
